@@ -1,0 +1,31 @@
+"""Every private torch name fsdist touches, in one place: a torch upgrade changes this file only."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+# ``torch.distributed.rendezvous`` the attribute is a function; the module must be fetched by name.
+_rendezvous = importlib.import_module("torch.distributed.rendezvous")
+
+
+def backend_registered(name: str) -> bool:
+    return name.upper() in dist.Backend._plugins  # type: ignore[attr-defined]
+
+
+def rendezvous_registered(scheme: str) -> bool:
+    return scheme in _rendezvous._rendezvous_handlers  # type: ignore[attr-defined]
+
+
+def register_rendezvous(scheme: str, handler: Callable[..., Any]) -> None:
+    dist.register_rendezvous_handler(scheme, handler)
+
+
+def unwrap_store(store: dist.Store) -> dist.Store:
+    """The innermost store under c10d's PrefixStore chain (it hands back our Python object)."""
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return store

@@ -1,0 +1,398 @@
+"""The torch-facing adapter: maps each c10d ProcessGroup method onto a collective algorithm.
+
+Each method validates its arguments (the same check on every rank, before any communication,
+so a bad call fails everywhere alike), takes the next sequence number in the calling thread,
+and queues a closure on the group's FIFO worker. The closure stages tensors (CUDA and
+non-contiguous ones through contiguous host copies), announces the operation to its peers,
+runs the algorithm and copies results back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import collectives as coll
+from ._torch_compat import unwrap_store
+from .defaults import DEFAULT_TIMEOUT
+from .describe import describe, reduction_of
+from .errors import FsdistError
+from .p2p import Mailbox, PendingReceive
+from .rendezvous import Generation
+from .staging import Staging
+from .store import DirectoryStore, key_to_filename
+from .transport import GroupTransport
+from .waiting import Deadline
+from .work import FsdistWork, OpQueue, ReceiveLoop
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ProcessGroupFsdist", "create_process_group"]
+
+Tensors = Sequence[torch.Tensor]
+
+
+class ProcessGroupFsdist(dist.ProcessGroup):
+    """A torch process group whose ranks communicate only through files in a shared directory."""
+
+    def __init__(
+        self, store: DirectoryStore, generation: Generation, rank: int, size: int, timeout: timedelta, group_id: str,
+        global_ranks: Sequence[int], is_world: bool,
+    ) -> None:  # fmt: skip
+        super().__init__(rank, size)
+        self._store = store  # c10d keeps only the C++ half of a Python store alive
+        self._generation = generation
+        self._is_world = is_world
+        self._timeout = timeout
+        self._group_name = group_id
+        self._group_desc = ""
+        directory = os.path.join(generation.directory, "groups", key_to_filename(group_id))
+        members = [generation.members[g] for g in global_ranks]
+        self._t = GroupTransport(directory, rank, size, members, timeout.total_seconds())
+        self._seq = 0
+        self._seq_lock = threading.Lock()
+        self._queue = OpQueue(f"g{group_id}-r{rank}", on_error=self._broke)
+        self._receives: ReceiveLoop | None = None
+        self._closed = False
+
+    # ---- identity c10d asks for -----------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - c10d's name
+        return "fsdist"
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._group_name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._group_name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._group_desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._group_desc
+
+    # ---- running operations ---------------------------------------------------------------
+
+    def _submit(self, description: str, outputs: list[torch.Tensor], run: Callable[[Staging], None]) -> FsdistWork:
+        """Queue ``run`` as the next collective; it gets a Staging for its tensors."""
+        if self._closed:
+            raise FsdistError(f"rank {self.rank()}: '{description}' called on a process group that was shut down")
+        with self._seq_lock:
+            self._seq += 1
+            seq = self._seq
+        work = FsdistWork(outputs, description)
+
+        def execute() -> None:
+            staging = Staging()
+            with torch.no_grad():
+                self._t.enter(seq, description)
+                run(staging)
+                staging.finish()
+            log.debug("rank %d: %s #%d done", self.rank(), description, seq)
+
+        return self._queue.submit(work, execute)
+
+    def _broke(self, error: BaseException) -> None:
+        log.error("rank %d: process group %s broke: %s", self.rank(), self._group_name, error)
+        self._t.abort(f"rank {self.rank()}: {error}")
+
+    # ---- collectives ----------------------------------------------------------------------
+
+    def broadcast(self, tensors: Tensors, opts: Any) -> FsdistWork:
+        root = self._check_root(opts.rootRank)
+        desc = describe("broadcast", tensors, root=root)
+        return self._submit(desc, list(tensors), lambda s: coll.broadcast(self._t, [s.inout(x) for x in tensors], root))
+
+    def allreduce(self, tensors: Tensors, opts: Any) -> FsdistWork:
+        return self.allreduce_coalesced(tensors, opts, name="all_reduce")
+
+    def allreduce_coalesced(self, tensors: Tensors, opts: Any, name: str = "all_reduce_coalesced") -> FsdistWork:
+        reduction = reduction_of(opts.reduceOp, tensors)
+        desc = describe(name, tensors, reduction=reduction)
+
+        def run(s: Staging) -> None:
+            for index, tensor in enumerate(tensors):
+                coll.all_reduce(self._t, s.inout(tensor), reduction, first_step=2 * index + 1)
+
+        return self._submit(desc, list(tensors), run)
+
+    def reduce(self, tensors: Tensors, opts: Any) -> FsdistWork:
+        root = self._check_root(opts.rootRank)
+        reduction = reduction_of(opts.reduceOp, tensors)
+        (tensor,) = _exactly_one(tensors, "reduce")
+        desc = describe("reduce", tensors, root=root, reduction=reduction)
+        return self._submit(desc, [tensor], lambda s: coll.reduce(self._t, s.inout(tensor), root, reduction))
+
+    def allgather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any) -> FsdistWork:
+        (tensor,) = _exactly_one(inputs, "all_gather")
+        (outputs,) = _exactly_one(output_lists, "all_gather outputs")
+        self._check_list(outputs, tensor, "all_gather")
+        return self._all_gather("all_gather", [[out] for out in outputs], [tensor], list(outputs))
+
+    def allgather_coalesced(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any) -> FsdistWork:
+        if len(output_lists) != self.size():
+            raise ValueError(f"all_gather_coalesced needs {self.size()} output lists, got {len(output_lists)}")
+        for outputs in output_lists:
+            for out, tensor in zip(outputs, inputs, strict=True):
+                self._check_same(out, tensor, "all_gather_coalesced")
+        flat = [out for outputs in output_lists for out in outputs]
+        return self._all_gather("all_gather_coalesced", output_lists, inputs, flat)
+
+    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> FsdistWork:
+        return self.all_gather_single_coalesced([output], [tensor], opts, name="all_gather_into_tensor")
+
+    def all_gather_single_coalesced(
+        self, outputs: Tensors, inputs: Tensors, opts: Any, name: str = "all_gather_into_tensor_coalesced"
+    ) -> FsdistWork:
+        for out, tensor in zip(outputs, inputs, strict=True):
+            if out.numel() != tensor.numel() * self.size() or out.dtype != tensor.dtype:
+                raise ValueError(f"{name}: output must hold {self.size()} × input ({tensor.numel()} {tensor.dtype})")
+        desc = describe(name, inputs)
+
+        def run(s: Staging) -> None:
+            chunks = [s.output(out).view(-1).chunk(self.size()) if out.numel() else None for out in outputs]
+            by_rank = [
+                [c[r] if c is not None else torch.empty(0, dtype=x.dtype) for c, x in zip(chunks, inputs)]
+                for r in range(self.size())
+            ]
+            coll.all_gather(self._t, by_rank, [s.input(x) for x in inputs])
+
+        return self._submit(desc, list(outputs), run)
+
+    def _all_gather(self, name: str, by_rank: Sequence[Tensors], inputs: Tensors, flat: list[torch.Tensor]) -> FsdistWork:
+        desc = describe(name, inputs)
+        return self._submit(
+            desc,
+            flat,
+            lambda s: coll.all_gather(self._t, [[s.output(o) for o in outs] for outs in by_rank], [s.input(x) for x in inputs]),
+        )
+
+    def gather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any) -> FsdistWork:
+        root = self._check_root(opts.rootRank)
+        (tensor,) = _exactly_one(inputs, "gather")
+        outputs: Tensors = []
+        if self.rank() == root:
+            (outputs,) = _exactly_one(output_lists, "gather outputs")
+            self._check_list(outputs, tensor, "gather")
+        elif output_lists and any(output_lists):
+            raise ValueError("gather: only the root may pass output tensors")
+        desc = describe("gather", inputs, root=root)
+        return self._submit(
+            desc, list(outputs), lambda s: coll.gather(self._t, [s.output(o) for o in outputs], s.input(tensor), root)
+        )
+
+    def scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any) -> FsdistWork:
+        root = self._check_root(opts.rootRank)
+        (output,) = _exactly_one(outputs, "scatter")
+        inputs: Tensors = []
+        if self.rank() == root:
+            (inputs,) = _exactly_one(input_lists, "scatter inputs")
+            self._check_list(inputs, output, "scatter")
+        elif input_lists and any(input_lists):
+            raise ValueError("scatter: only the root may pass input tensors")
+        desc = describe("scatter", outputs, root=root)
+        return self._submit(
+            desc, [output], lambda s: coll.scatter(self._t, s.output(output), [s.input(x) for x in inputs], root)
+        )
+
+    def reduce_scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any) -> FsdistWork:
+        reduction = reduction_of(opts.reduceOp, outputs)
+        (output,) = _exactly_one(outputs, "reduce_scatter")
+        (inputs,) = _exactly_one(input_lists, "reduce_scatter inputs")
+        self._check_list(inputs, output, "reduce_scatter")
+        desc = describe("reduce_scatter", outputs, reduction=reduction)
+        return self._submit(
+            desc,
+            [output],
+            lambda s: coll.reduce_scatter(self._t, [s.output(output)], [[s.input(x) for x in inputs]], reduction),
+        )
+
+    def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> FsdistWork:
+        return self.reduce_scatter_single_coalesced([output], [tensor], opts, name="reduce_scatter_tensor")
+
+    def reduce_scatter_single_coalesced(
+        self, outputs: Tensors, inputs: Tensors, opts: Any, name: str = "reduce_scatter_tensor_coalesced"
+    ) -> FsdistWork:
+        reduction = reduction_of(opts.reduceOp, outputs)
+        for out, tensor in zip(outputs, inputs, strict=True):
+            if tensor.numel() != out.numel() * self.size() or out.dtype != tensor.dtype:
+                raise ValueError(f"{name}: input must hold {self.size()} × output ({out.numel()} {out.dtype})")
+        desc = describe(name, outputs, reduction=reduction)
+
+        def run(s: Staging) -> None:
+            pieces = [_split_even(s.input(x), self.size()) for x in inputs]
+            coll.reduce_scatter(self._t, [s.output(o) for o in outputs], pieces, reduction)
+
+        return self._submit(desc, list(outputs), run)
+
+    def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any) -> FsdistWork:
+        if len(outputs) != self.size() or len(inputs) != self.size():
+            raise ValueError(f"all_to_all needs {self.size()} input and output tensors")
+        desc = describe("all_to_all", inputs[:0], dtype=inputs[0].dtype)
+        return self._submit(
+            desc,
+            list(outputs),
+            lambda s: coll.all_to_all(self._t, [s.output(o) for o in outputs], [s.input(x) for x in inputs]),
+        )
+
+    def all_to_all_single(
+        self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list[int], input_splits: list[int], opts: Any
+    ) -> FsdistWork:
+        out_splits = _splits(output, output_splits, self.size(), "output")
+        in_splits = _splits(tensor, input_splits, self.size(), "input")
+        desc = describe("all_to_all_single", [], dtype=tensor.dtype)
+
+        def run(s: Staging) -> None:
+            outs = list(s.output(output).split(out_splits)) if output.dim() else [s.output(output)]
+            ins = list(s.input(tensor).split(in_splits)) if tensor.dim() else [s.input(tensor)]
+            coll.all_to_all(self._t, outs, ins)
+
+        return self._submit(desc, [output], run)
+
+    def barrier(self, opts: Any = None) -> FsdistWork:
+        return self._submit("barrier", [], lambda s: coll.barrier(self._t))
+
+    # c10d's C++ callers (functional collectives) use these older names.
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+    alltoall_base = all_to_all_single
+
+    # ---- point to point -------------------------------------------------------------------
+
+    def send(self, tensors: Tensors, dst: int, tag: int) -> FsdistWork:
+        """Buffered: publish the message now (in the caller's thread) and return a finished Work."""
+        self._check_peer(dst, "send to")
+        staging = Staging()
+        hosts = [staging.input(x) for x in tensors]
+        desc = describe("send", tensors, tag=tag)
+        work = FsdistWork(list(tensors), desc)
+        try:
+            self._t.send(dst, hosts, tag, desc)
+        except BaseException as error:  # noqa: BLE001
+            work.complete(error)
+        else:
+            work.complete()
+        return work
+
+    def recv(self, tensors: Tensors, src: int, tag: int) -> FsdistWork:
+        self._check_peer(src, "receive from")
+        return self._post_receive(tensors, src, tag)
+
+    def recv_anysource(self, tensors: Tensors, tag: int) -> FsdistWork:
+        return self._post_receive(tensors, None, tag)
+
+    def _post_receive(self, tensors: Tensors, src: int | None, tag: int) -> FsdistWork:
+        if self._receives is None:
+            self._receives = ReceiveLoop(f"g{self._group_name}-r{self.rank()}", Mailbox(self._t), self._t.check_health)
+        staging = Staging()
+        hosts = [staging.output(x) for x in tensors]
+        work = _StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)
+        receive = PendingReceive(src, tag, hosts, Deadline(self._timeout.total_seconds()))
+        return self._receives.post(work, receive)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Finish queued work, then leave; the last rank out removes the group's files."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.close()
+        if self._receives is not None:
+            self._receives.close()
+        self._t.close()
+        if self._is_world:
+            self._generation.leave()
+
+    def abort(self) -> None:
+        self._t.abort(f"rank {self.rank()} aborted the process group")
+        self.shutdown()
+
+    # ---- argument checks ------------------------------------------------------------------
+
+    def _check_root(self, root: int) -> int:
+        if not 0 <= root < self.size():
+            raise ValueError(f"root rank {root} is outside the group of size {self.size()}")
+        return root
+
+    def _check_peer(self, peer: int, verb: str) -> None:
+        if not 0 <= peer < self.size():
+            raise ValueError(f"cannot {verb} rank {peer}: the group has ranks 0..{self.size() - 1}")
+        if peer == self.rank():
+            raise ValueError(f"rank {peer} cannot {verb} itself")
+
+    def _check_list(self, tensors: Tensors, like: torch.Tensor, name: str) -> None:
+        if len(tensors) != self.size():
+            raise ValueError(f"{name}: expected a list of {self.size()} tensors, got {len(tensors)}")
+        for tensor in tensors:
+            self._check_same(tensor, like, name)
+
+    @staticmethod
+    def _check_same(tensor: torch.Tensor, like: torch.Tensor, name: str) -> None:
+        if tensor.numel() != like.numel() or tensor.dtype != like.dtype:
+            raise ValueError(
+                f"{name}: tensor {tensor.dtype} {list(tensor.shape)} does not match {like.dtype} {list(like.shape)}"
+            )
+
+
+class _StagedWork(FsdistWork):
+    """A receive's Work: copies the staged host buffers back before it reports completion."""
+
+    def __init__(self, outputs: list[torch.Tensor], description: str, staging: Staging) -> None:
+        super().__init__(outputs, description)
+        self._staging = staging
+
+    def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
+        if error is None:
+            try:
+                self._staging.finish()
+            except BaseException as exc:  # noqa: BLE001
+                error = exc
+        super().complete(error, source)
+
+
+def _exactly_one(items: Sequence[Any], name: str) -> Sequence[Any]:
+    if len(items) != 1:
+        raise ValueError(f"{name}: fsdist takes exactly one tensor (list) per rank, got {len(items)}")
+    return items
+
+
+def _split_even(tensor: torch.Tensor, parts: int) -> list[torch.Tensor]:
+    flat = tensor.view(-1)
+    return list(flat.chunk(parts)) if flat.numel() else [flat] * parts
+
+
+def _splits(tensor: torch.Tensor, splits: list[int], parts: int, name: str) -> list[int]:
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if not splits:
+        if rows % parts:
+            raise ValueError(f"all_to_all_single: {name} has {rows} rows, not divisible by {parts} ranks")
+        return [rows // parts] * parts
+    if len(splits) != parts or sum(splits) != rows:
+        raise ValueError(f"all_to_all_single: {name} splits {splits} must be {parts} sizes summing to {rows}")
+    return list(splits)
+
+
+def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupFsdist:
+    """The creator c10d calls (``extended_api=True``) for the world group and every subgroup."""
+    store = unwrap_store(opts.store)
+    if not isinstance(store, DirectoryStore) or store.generation is None:
+        raise FsdistError(
+            "the fsdist backend needs fsdist's rendezvous: init_process_group('fsdist', "
+            "init_method='fsdist:///shared/dir') or init_method='fsdist://' with FSDIST_DIR set"
+        )
+    generation: Generation = store.generation
+    is_world = not opts.global_ranks_in_group
+    global_ranks = list(opts.global_ranks_in_group) or list(range(generation.world_size))
+    timeout = opts.timeout if opts.timeout.total_seconds() > 0 else DEFAULT_TIMEOUT
+    return ProcessGroupFsdist(
+        store, generation, opts.group_rank, opts.group_size, timeout, str(opts.group_id), global_ranks, is_world
+    )

@@ -1,0 +1,57 @@
+"""Helpers every collective algorithm shares: reading a peer's part, reducing over ranks."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import DesyncError
+from ..reduce_ops import Reduction, combine_into
+from ..transport import GroupTransport
+
+
+def read_part(
+    t: GroupTransport, peer: int, step: int, part: int, dest: torch.Tensor, byte_offset: int | None = None
+) -> None:
+    """Wait for ``peer``'s message of ``step`` and copy part ``part`` into ``dest``.
+
+    With ``byte_offset`` None the part must match ``dest`` exactly (dtype and size), else only
+    the dtype and the range are checked (a slice of a larger part).
+    """
+    t.wait_for(peer, step)
+    with t.open_message(peer, step) as msg:
+        sent = msg.parts[part]
+        nbytes = dest.numel() * dest.element_size()
+        if sent.dtype != dest.dtype or (byte_offset is None and sent.nbytes != nbytes):
+            error = DesyncError(
+                f"rank {t.rank}: rank {peer} sent {sent.dtype} {list(sent.shape)} ({sent.nbytes} bytes) "
+                f"where this rank expects {dest.dtype} {list(dest.shape)} ({nbytes} bytes) "
+                f"in '{msg.description}' (#{msg.seq})"
+            )
+            t.abort(str(error))
+            raise error
+        msg.read_into(part, dest, byte_offset or 0)
+
+
+def reduce_over_ranks(
+    t: GroupTransport,
+    step: int,
+    part: int,
+    reduction: Reduction,
+    acc: torch.Tensor,
+    local: torch.Tensor,
+    byte_offset: int | None = None,
+) -> None:
+    """``acc <- local_0 (op) local_1 (op) ...`` over every rank's part, always in rank order.
+
+    The fixed order makes floating-point results bit-identical on every rank that computes them.
+    ``local`` is this rank's own contribution (read from memory, not from its file).
+    """
+    scratch = torch.empty_like(acc) if t.size > 1 else acc
+    for rank in range(t.size):
+        dest = acc if rank == 0 else scratch
+        if rank == t.rank:
+            dest.copy_(local)
+        else:
+            read_part(t, rank, step, part, dest, byte_offset)
+        if rank:
+            combine_into(reduction, acc, scratch)

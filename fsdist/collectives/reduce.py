@@ -1,0 +1,23 @@
+"""reduce: every rank publishes its input; the root reduces them in rank order.
+
+Bytes: each rank writes S; the root reads (N-1)·S.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..reduce_ops import Reduction, finish
+from ..transport import GroupTransport
+from ._common import reduce_over_ranks
+
+
+def reduce(t: GroupTransport, tensor: torch.Tensor, root: int, reduction: Reduction) -> None:
+    """Leave the reduction of every rank's ``tensor`` in the root's ``tensor``."""
+    if t.rank != root:
+        t.publish(1, [tensor])
+        return
+    acc = torch.empty_like(tensor)
+    reduce_over_ranks(t, 1, 0, reduction, acc, tensor)
+    finish(reduction, acc, t.size)
+    tensor.copy_(acc)

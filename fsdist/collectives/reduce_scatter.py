@@ -1,0 +1,31 @@
+"""reduce_scatter: every rank publishes its N pieces once; rank i reduces piece i of all ranks.
+
+Bytes: each rank writes N·S (its whole input) and reads (N-1)·S, S being one output piece.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..reduce_ops import Reduction, finish
+from ..transport import GroupTransport
+from ._common import reduce_over_ranks
+
+
+def reduce_scatter(
+    t: GroupTransport, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]], reduction: Reduction
+) -> None:
+    """For each k: ``outputs[k] <- reduction over ranks of inputs[k][rank]`` (k > 0: coalesced).
+
+    ``inputs[k]`` holds N pieces; the message lays them out k-major, piece ``rank`` of input
+    ``k`` being part ``k * N + rank``.
+    """
+    if t.size > 1:
+        t.publish(1, [piece for pieces in inputs for piece in pieces])
+    for k, output in enumerate(outputs):
+        acc = torch.empty_like(output)
+        reduce_over_ranks(t, 1, k * t.size + t.rank, reduction, acc, inputs[k][t.rank])
+        finish(reduction, acc, t.size)
+        output.copy_(acc)

@@ -1,0 +1,33 @@
+"""Every tunable default and environment variable name in one place."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+#: Environment variable naming the shared run directory (``init_method="fsdist://"``).
+ENV_DIR = "FSDIST_DIR"
+#: Set to ``1`` for per-operation debug logs (``TORCH_DISTRIBUTED_DEBUG=DETAIL`` works too).
+ENV_DEBUG = "FSDIST_DEBUG"
+
+#: torch's own default for non-NCCL process groups.
+DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+#: Waiting: spin this long re-checking at once, then sleep with doubling pauses up to the cap.
+#: The cap bounds both the wake-up latency of a long wait and the CPU a blocked rank burns.
+SPIN_SECONDS = 50e-6
+FIRST_SLEEP_SECONDS = 20e-6
+MAX_SLEEP_SECONDS = 2e-3
+#: How often a long wait also checks the abort marker and whether same-host peers are alive.
+HEALTH_CHECK_SECONDS = 0.1
+
+#: A rank deletes its own collective files once every peer has moved past them; it checks at
+#: most every this many collectives, so the directory holds a bounded number of files.
+GC_EVERY = 8
+
+#: Messages bigger than this use the slice-parallel all_reduce (reduce-scatter + all-gather
+#: through files); smaller ones use one round where every rank reads every input.
+ALLREDUCE_SLICED_MIN_BYTES = 256 * 1024
+
+#: File and directory modes: private to the user unless they opt into group access.
+DIR_MODE = 0o700
+FILE_MODE = 0o600

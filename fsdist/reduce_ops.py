@@ -1,0 +1,96 @@
+"""Reduce operations as in-place torch kernels, and which (op, dtype) pairs are defined.
+
+Every rank validates the same (op, dtype) before any communication, so an unsupported
+combination raises the same clear error on every rank instead of a hang.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+__all__ = ["ReduceKind", "Reduction", "check_supported", "combine_into", "finish"]
+
+
+class ReduceKind(Enum):
+    SUM = "sum"
+    PRODUCT = "product"
+    MIN = "min"
+    MAX = "max"
+    AVG = "avg"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
+    PREMUL_SUM = "premul_sum"
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """A reduce op with its PREMUL_SUM factor (a float or a one-element tensor)."""
+
+    kind: ReduceKind
+    factor: float | torch.Tensor | None = None
+
+    def __str__(self) -> str:
+        return self.kind.name
+
+
+_BITWISE = {ReduceKind.BAND, ReduceKind.BOR, ReduceKind.BXOR}
+_ORDERED = {ReduceKind.MIN, ReduceKind.MAX}
+_SCALED = {ReduceKind.AVG, ReduceKind.PREMUL_SUM}
+
+# acc <- acc (op) other, in place; the same order on every rank gives bit-identical results.
+_COMBINE: dict[ReduceKind, Callable[[torch.Tensor, torch.Tensor], object]] = {
+    ReduceKind.SUM: torch.Tensor.add_,
+    ReduceKind.AVG: torch.Tensor.add_,
+    ReduceKind.PREMUL_SUM: torch.Tensor.add_,
+    ReduceKind.PRODUCT: torch.Tensor.mul_,
+    ReduceKind.MIN: lambda acc, other: torch.minimum(acc, other, out=acc),
+    ReduceKind.MAX: lambda acc, other: torch.maximum(acc, other, out=acc),
+    ReduceKind.BAND: torch.Tensor.bitwise_and_,
+    ReduceKind.BOR: torch.Tensor.bitwise_or_,
+    ReduceKind.BXOR: torch.Tensor.bitwise_xor_,
+}
+
+
+def check_supported(reduction: Reduction, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` naming the pair if ``reduction`` is not defined on ``dtype``."""
+    kind = reduction.kind
+    integral = not (dtype.is_floating_point or dtype.is_complex)
+    problem = None
+    if kind in _BITWISE and not integral:
+        problem = "bitwise ops need an integer or bool dtype"
+    elif kind in _ORDERED and dtype.is_complex:
+        problem = "complex numbers have no order"
+    elif kind in _SCALED and dtype == torch.bool:
+        problem = "bool cannot be scaled"
+    elif kind is ReduceKind.PREMUL_SUM and integral:
+        problem = "PREMUL_SUM needs a floating-point or complex dtype"
+    if dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+        problem = "float8 types have no CPU reduction kernels"
+    if problem:
+        raise ValueError(f"fsdist: reduce op {kind.name} is not supported for dtype {dtype}: {problem}")
+
+
+def combine_into(reduction: Reduction, acc: torch.Tensor, other: torch.Tensor) -> None:
+    """``acc <- acc (op) other`` in place."""
+    _COMBINE[reduction.kind](acc, other)
+
+
+def finish(reduction: Reduction, acc: torch.Tensor, world_size: int) -> None:
+    """Apply the final scaling of AVG (divide by the world size) and PREMUL_SUM (the factor).
+
+    PREMUL_SUM scales the sum instead of each input: equal up to rounding, and one pass
+    instead of N. Integer AVG truncates toward zero, as NCCL does.
+    """
+    if reduction.kind is ReduceKind.AVG:
+        if acc.dtype.is_floating_point or acc.dtype.is_complex:
+            acc.div_(world_size)
+        else:
+            acc.div_(world_size, rounding_mode="trunc")
+    elif reduction.kind is ReduceKind.PREMUL_SUM:
+        factor = reduction.factor
+        acc.mul_(factor.to(acc.dtype) if isinstance(factor, torch.Tensor) else factor)

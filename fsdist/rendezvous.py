@@ -1,0 +1,201 @@
+"""Port-free rendezvous: ranks form a *generation* of a job through one lock-guarded file.
+
+``DIR/fsdist-rendezvous.json`` (JSON, read and written only under an fcntl lock) names the
+generation being formed or running and the identity of each member. A new generation, with
+its own fresh ``gen-<id>/`` subdirectory, is started when there is none, when the recorded one
+is dead (its same-host members' processes are gone), or when a rank finds its own slot taken
+by a dead process. Files of a crashed earlier run are therefore never read: they live in a
+directory no live rank names, and the rank that replaces a generation deletes it.
+
+A rank waiting for a generation to fill up re-joins if someone replaced it meanwhile, so all
+live ranks converge on the newest generation. A generation whose members are alive on this
+host is never replaced: a second job pointed at the same directory gets a clear error.
+
+The file holds JSON, never pickle: the directory is shared with other users.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from .defaults import DEFAULT_TIMEOUT, ENV_DIR
+from .errors import RendezvousError
+from .fileio import make_private_dir, remove_tree
+from .liveness import Identity, is_alive, this_process
+from .locked_record import Counter, LockedRecord
+from .store import DirectoryStore
+from .waiting import Deadline, poll
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Generation", "rendezvous", "fsdist_rendezvous_handler", "RENDEZVOUS_FILE"]
+
+RENDEZVOUS_FILE = "fsdist-rendezvous.json"
+_FORMAT = 1
+
+
+@dataclass
+class Generation:
+    """One formed job: its directory, this rank, and who every rank is."""
+
+    root: str
+    generation_id: str
+    directory: str
+    rank: int
+    world_size: int
+    members: list[Identity]
+
+    def leave(self) -> None:
+        """Called once per rank at shutdown; the last rank out removes the generation's files."""
+        LIVE_STORES[:] = [s for s in LIVE_STORES if s.generation is not self]
+        closed = Counter(os.path.join(self.directory, "closed"))
+        try:
+            last = closed.add(1) == self.world_size
+        finally:
+            closed.close()
+        if not last:
+            return
+        remove_tree(self.directory)
+        with LockedRecord(os.path.join(self.root, RENDEZVOUS_FILE)) as record:
+            record.update(lambda old: b"" if _parse(old).get("generation") == self.generation_id else None)
+
+
+def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAULT_TIMEOUT) -> Generation:
+    """Join (or start) the generation of a ``world_size``-rank job in ``root``; wait until full."""
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise RendezvousError(f"rank {rank} is outside a world of size {world_size}")
+    make_private_dir(root)
+    me = {**this_process().to_json(), "nonce": secrets.token_hex(8)}
+    record = LockedRecord(os.path.join(root, RENDEZVOUS_FILE))
+    try:
+        state: dict[str, Any] = {}
+
+        def join(old: bytes) -> bytes | None:
+            nonlocal state
+            state = _parse(old)
+            if state and state["members"].get(str(rank), {}).get("nonce") == me["nonce"]:
+                return None  # already a member: just watching the generation fill up
+            if _replaceable(state, rank, world_size, me):
+                state = _new_generation(root, world_size, previous=state)
+            state["members"][str(rank)] = me
+            state["complete"] = len(state["members"]) == world_size
+            return json.dumps(state).encode()
+
+        def formed() -> dict[str, Any] | None:
+            record.update(join)
+            return state if state["complete"] else None
+
+        deadline = Deadline(timeout.total_seconds())
+        final = poll(
+            formed,
+            deadline,
+            lambda: RendezvousError(
+                f"rank {rank}: rendezvous in {root} timed out after {deadline.seconds:.0f} s; "
+                f"{len(state.get('members', {}))} of {world_size} ranks joined "
+                f"(ranks {sorted(int(r) for r in state.get('members', {}))})"
+            ),
+        )
+    finally:
+        record.close()
+    members = [Identity.from_json(final["members"][str(r)]) for r in range(world_size)]
+    directory = os.path.join(root, f"gen-{final['generation']}")
+    log.debug("rank %d joined generation %s in %s", rank, final["generation"], root)
+    return Generation(root, final["generation"], directory, rank, world_size, members)
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        state = json.loads(raw)
+    except ValueError as exc:
+        raise RendezvousError(f"the rendezvous file is not valid JSON (foreign or corrupt): {exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != _FORMAT:
+        raise RendezvousError(f"the rendezvous file has an unknown format: {str(state)[:200]}")
+    return state
+
+
+def _replaceable(state: dict[str, Any], rank: int, world_size: int, me: dict[str, Any]) -> bool:
+    """Decide (under the lock) whether the recorded generation is dead and may be replaced."""
+    if not state:
+        return True
+    members = {int(r): m for r, m in state["members"].items()}
+    alive = {r: m for r, m in members.items() if is_alive(Identity.from_json(m)) and m["nonce"] != me["nonce"]}
+    holder = members.get(rank)
+    if state["complete"] or state["world_size"] != world_size or (holder and holder["nonce"] != me["nonce"]):
+        if alive:
+            r, m = next(iter(alive.items()))
+            why = "is running" if state["complete"] else "is forming"
+            raise RendezvousError(
+                f"another job {why} in this directory (generation {state['generation']}, world size "
+                f"{state['world_size']}; rank {r} is pid {m['pid']} on {m['host']}). Use another directory, "
+                "or stop that job"
+            )
+        return True
+    return False
+
+
+def _new_generation(root: str, world_size: int, previous: dict[str, Any]) -> dict[str, Any]:
+    """Start a fresh generation and delete what dead generations left in ``root``."""
+    generation = secrets.token_hex(8)
+    for name in os.listdir(root):
+        if name.startswith("gen-"):
+            remove_tree(os.path.join(root, name))
+    if previous:
+        log.warning("fsdist: replacing dead generation %s in %s", previous.get("generation"), root)
+    make_private_dir(os.path.join(root, f"gen-{generation}"))
+    return {"format": _FORMAT, "generation": generation, "world_size": world_size, "members": {}, "complete": False}
+
+
+def open_store(generation: Generation, timeout: timedelta) -> DirectoryStore:
+    """The key-value store of ``generation``, carrying the generation for the backend to find."""
+    store = DirectoryStore(os.path.join(generation.directory, "store"), timeout)
+    store.generation = generation
+    return store
+
+
+def parse_url(url: str) -> tuple[str, int, int]:
+    """``fsdist:///dir?rank=R&world_size=W`` (or env fallbacks) → (dir, rank, world size)."""
+    parsed = urllib.parse.urlparse(url)
+    query = dict(urllib.parse.parse_qsl(parsed.query))
+    root = (parsed.netloc + parsed.path) or os.environ.get(ENV_DIR, "")
+    if not root:
+        raise RendezvousError(f"no directory in {url!r}: use fsdist:///path/to/dir or set {ENV_DIR}")
+    rank = _first_int(query.get("rank"), os.environ.get("RANK"), os.environ.get("SLURM_PROCID"), what="rank")
+    world = _first_int(
+        query.get("world_size"), os.environ.get("WORLD_SIZE"), os.environ.get("SLURM_NTASKS"), what="world size"
+    )
+    return os.path.abspath(root), rank, world
+
+
+def _first_int(*candidates: str | None, what: str) -> int:
+    for value in candidates:
+        if value not in (None, ""):
+            return int(value)  # type: ignore[arg-type]
+    raise RendezvousError(
+        f"fsdist rendezvous needs the {what}: pass it to init_process_group, or set RANK/WORLD_SIZE "
+        "(SLURM_PROCID/SLURM_NTASKS under SLURM)"
+    )
+
+
+def fsdist_rendezvous_handler(url: str, timeout: timedelta = DEFAULT_TIMEOUT, **_: Any) -> Iterator[Any]:
+    """torch's rendezvous-handler protocol for ``init_method="fsdist://..."``."""
+    root, rank, world_size = parse_url(url)
+    generation = rendezvous(root, rank, world_size, timeout)
+    store = open_store(generation, timeout)
+    # c10d keeps only the C++ half of a Python store alive: hold the Python half until the
+    # world group shuts down (Generation.leave), or its methods vanish under torch.
+    LIVE_STORES.append(store)
+    yield (store, rank, world_size)
+    raise RuntimeError("fsdist rendezvous handler cannot be re-used")
+
+
+LIVE_STORES: list[DirectoryStore] = []

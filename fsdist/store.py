@@ -1,0 +1,174 @@
+"""A ``torch.distributed.Store`` kept in a directory: one file per key.
+
+torch needs a store for its own bookkeeping (rendezvous, ``new_group``, DDP); this one needs no
+server and no port. Values are published atomically (temporary file + rename), so ``get`` never
+returns a partial value. Changes that read before they write (``add``, ``compare_set``,
+``append``) run under one fcntl lock on ``.lock``. Keys are escaped into file names that cannot
+leave the directory, whatever the key contains.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from .defaults import DEFAULT_TIMEOUT
+from .errors import FsdistTimeoutError
+from .fileio import make_private_dir, open_file, publish, retrying, unlink_quietly
+from .locked_record import LockedRecord
+from .waiting import Deadline, poll
+
+__all__ = ["DirectoryStore", "key_to_filename"]
+
+_SAFE = re.compile(rb"[A-Za-z0-9_\-]")
+_MAX_NAME = 200
+
+
+def key_to_filename(key: str) -> str:
+    """An injective, path-safe file name for ``key`` (no '/', never '.' or '..')."""
+    raw = key.encode()
+    escaped = "".join(chr(b) if _SAFE.fullmatch(bytes([b])) else f"%{b:02X}" for b in raw)
+    name = "k." + escaped
+    if len(name) > _MAX_NAME:  # long keys: a digest keeps names within filesystem limits
+        name = "h." + hashlib.sha256(raw).hexdigest()
+    return name
+
+
+def _as_bytes(value: Any) -> bytes:
+    if isinstance(value, str):
+        return value.encode()
+    return bytes(value)
+
+
+class DirectoryStore(dist.Store):
+    """Key-value store over a directory shared by every rank; safe across hosts with fcntl locks."""
+
+    def __init__(self, directory: str, timeout: timedelta = DEFAULT_TIMEOUT) -> None:
+        super().__init__()
+        make_private_dir(directory)
+        self.directory = directory
+        self._timeout = timeout
+        self._lock = LockedRecord(os.path.join(directory, ".lock"))
+        #: Set by the rendezvous: the generation this store belongs to (the backend reads it).
+        self.generation: Any = None
+
+    # ---- the torch.distributed.Store interface ------------------------------------------
+
+    def set(self, key: str, value: Any) -> None:
+        self._lock.update(lambda _: self._write(key, _as_bytes(value)))
+
+    def get(self, key: str) -> bytes:
+        return self._wait_value(key, Deadline(self._timeout.total_seconds()))
+
+    def add(self, key: str, amount: int) -> int:
+        result = 0
+
+        def change(_: bytes) -> None:
+            nonlocal result
+            current = self._read(key)
+            result = (int(current) if current else 0) + amount
+            self._write(key, str(result).encode())
+
+        self._lock.update(change)
+        return result
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        """TCPStore's semantics: set ``desired`` if the value is ``expected`` (or the key is
+        missing and ``expected`` is empty); return the value in force afterwards."""
+        expected_b, desired_b = _as_bytes(expected), _as_bytes(desired)
+        result = b""
+
+        def change(_: bytes) -> None:
+            nonlocal result
+            current = self._read(key)
+            if (current is None and expected_b == b"") or current == expected_b:
+                self._write(key, desired_b)
+                result = desired_b
+            else:
+                result = expected_b if current is None else current
+
+        self._lock.update(change)
+        return result
+
+    def append(self, key: str, value: Any) -> None:
+        self._lock.update(lambda _: self._write(key, (self._read(key) or b"") + _as_bytes(value)))
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.get(key) for key in keys]
+
+    def multi_set(self, keys: list[str], values: list[Any]) -> None:
+        for key, value in zip(keys, values, strict=True):
+            self.set(key, value)
+
+    def check(self, keys: list[str]) -> bool:
+        return all(self._read(key) is not None for key in keys)
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        deadline = Deadline((timeout or self._timeout).total_seconds())
+        for key in keys:
+            self._wait_value(key, deadline)
+
+    def num_keys(self) -> int:
+        return sum(1 for name in os.listdir(self.directory) if name.startswith(("k.", "h.")))
+
+    def delete_key(self, key: str) -> bool:
+        existed = False
+
+        def change(_: bytes) -> None:
+            nonlocal existed
+            existed = self._read(key) is not None
+            unlink_quietly(self._path(key))
+
+        self._lock.update(change)
+        return existed
+
+    # c10d calls these camelCase names from C++.
+    getNumKeys = num_keys
+    deleteKey = delete_key
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout
+
+    @property
+    def timeout(self) -> timedelta:  # type: ignore[override]
+        return self._timeout
+
+    def clone(self) -> DirectoryStore:
+        twin = DirectoryStore(self.directory, self._timeout)
+        twin.generation = self.generation
+        return twin
+
+    # ---- files --------------------------------------------------------------------------
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.directory, key_to_filename(key))
+
+    def _read(self, key: str) -> bytes | None:
+        try:
+            fd = open_file(self._path(key), os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            chunks = []
+            while chunk := retrying(lambda: os.read(fd, 1 << 20)):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def _write(self, key: str, value: bytes) -> None:
+        publish(self.directory, key_to_filename(key), [value])
+
+    def _wait_value(self, key: str, deadline: Deadline) -> bytes:
+        return poll(
+            lambda: self._read(key),
+            deadline,
+            lambda: FsdistTimeoutError(
+                f"store {self.directory}: key {key!r} did not appear within {deadline.seconds:.1f} s"
+            ),
+        )

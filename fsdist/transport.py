@@ -1,0 +1,261 @@
+"""The files of one process group: per-rank progress records and published messages.
+
+Each rank owns one *state record* (``state.r<rank>``), written only by that rank under an fcntl
+lock: the collective sequence number it is in, the step within it it has published, a text
+description of the operation, and per destination the number of point-to-point messages it has
+sent. Peers learn that a message exists by reading that record, never by stat-ing a name that
+may not exist yet (NFS caches the absence of a name for up to a minute).
+
+Messages are files written once (``fileio.publish``) and named by what they are, so a reader
+that knows (peer, sequence, step) knows the path. The transport knows nothing of collectives:
+sequence numbers, steps and descriptions are opaque to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from . import message
+from .defaults import GC_EVERY
+from .errors import DesyncError, FsdistTimeoutError, PeerFailedError
+from .fileio import make_private_dir, publish, remove_tree, unlink_quietly
+from .liveness import Identity, is_alive
+from .locked_record import Counter, LockedRecord
+from .waiting import Deadline, poll
+
+log = logging.getLogger(__name__)
+
+__all__ = ["GroupTransport", "PeerState"]
+
+_STATE = struct.Struct("<4sHHqIH2x")  # magic, version, flags, seq, step, description length
+_STATE_MAGIC = b"FSST"
+_STATE_VERSION = 1
+_DESC_OFFSET = 32
+_DESC_MAX = 224
+_P2P_OFFSET = 256
+_P2P_SLOT = struct.Struct("<q")
+FLAG_CLOSED = 1
+
+
+@dataclass(frozen=True)
+class PeerState:
+    """What a rank's state record says."""
+
+    seq: int
+    step: int
+    closed: bool
+    description: str
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.seq, self.step)
+
+
+_NOT_STARTED = PeerState(seq=-1, step=0, closed=False, description="(not started)")
+
+
+class GroupTransport:
+    """Publishing and reading messages among the ranks of one group through its directory."""
+
+    def __init__(self, directory: str, rank: int, size: int, members: Sequence[Identity], timeout: float) -> None:
+        make_private_dir(directory)
+        self.directory = directory
+        self.rank = rank
+        self.size = size
+        self.members = list(members)
+        self.timeout = timeout
+        self._records = [LockedRecord(self._state_path(r)) for r in range(size)]
+        self._abort = LockedRecord(os.path.join(directory, "abort"))
+        self._seq = 0
+        self._step = 0
+        self._flags = 0
+        self._description = ""
+        self._sent = [0] * size
+        self._peer_seq = [-1] * size
+        self._published: deque[tuple[int, str]] = deque()
+        self._write_state()
+
+    # ---- own progress -------------------------------------------------------------------
+
+    def enter(self, seq: int, description: str) -> None:
+        """Announce that this rank started operation ``seq``, described by ``description``."""
+        self._seq, self._step, self._description = seq, 0, description[:_DESC_MAX]
+        self._write_state()
+        if seq % GC_EVERY == 0:
+            self.collect_garbage()
+
+    def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
+        """Publish this rank's message for (current seq, ``step``), then advance the record."""
+        name = self._message_name(self.rank, self._seq, step)
+        path = publish(self.directory, name, message.encode(self._seq, tag, self._description, tensors))
+        self._published.append((self._seq, path))
+        self._step = step
+        self._write_state()
+
+    def _write_state(self) -> None:
+        desc = self._description.encode()[:_DESC_MAX]
+        header = _STATE.pack(_STATE_MAGIC, _STATE_VERSION, self._flags, self._seq, self._step, len(desc))
+        self._records[self.rank].write(header.ljust(_DESC_OFFSET, b"\0") + desc.ljust(_DESC_MAX, b"\0"))
+
+    # ---- peers --------------------------------------------------------------------------
+
+    def peer_state(self, peer: int) -> PeerState:
+        raw = self._records[peer].read(0, _P2P_OFFSET)
+        if len(raw) < _STATE.size:
+            return _NOT_STARTED
+        magic, version, flags, seq, step, desc_len = _STATE.unpack_from(raw)
+        if magic != _STATE_MAGIC or version != _STATE_VERSION:
+            raise PeerFailedError(f"{self._state_path(peer)} is not an fsdist v{_STATE_VERSION} state record")
+        desc = raw[_DESC_OFFSET : _DESC_OFFSET + desc_len].decode(errors="replace")
+        self._peer_seq[peer] = max(self._peer_seq[peer], seq)
+        return PeerState(seq, step, bool(flags & FLAG_CLOSED), desc)
+
+    def wait_for(self, peer: int, step: int) -> None:
+        """Block until ``peer`` has published (current seq, ``step``) or gone past it.
+
+        Raises DesyncError if the peer is in the same sequence number doing something else.
+        """
+        want = (self._seq, step)
+
+        def arrived() -> bool | None:
+            state = self.peer_state(peer)
+            if state.seq == self._seq and state.description != self._description:
+                raise self._desync(peer, state.description)
+            if state.position >= want:
+                return True
+            if state.closed:
+                raise PeerFailedError(
+                    f"{self._where()}: rank {peer} closed the group while this rank waited for its step {step}"
+                )
+            return None
+
+        poll(arrived, self._deadline(), lambda: self._timed_out(peer, f"step {step}"), lambda: self._check_health(peer))
+
+    def open_message(self, peer: int, step: int) -> message.Message:
+        """Open ``peer``'s message for (current seq, ``step``); call ``wait_for`` first."""
+        msg = message.Message(os.path.join(self.directory, self._message_name(peer, self._seq, step)))
+        if msg.seq != self._seq or msg.description != self._description:
+            msg.close()
+            raise self._desync(peer, msg.description)
+        return msg
+
+    def _desync(self, peer: int, theirs: str) -> DesyncError:
+        error = DesyncError(
+            f"{self._where()}: ranks disagree on operation #{self._seq}: "
+            f"rank {self.rank} called '{self._description}', rank {peer} called '{theirs}'"
+        )
+        self.abort(str(error))
+        return error
+
+    # ---- point to point -----------------------------------------------------------------
+
+    def send(self, dst: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> int:
+        """Publish a message to ``dst`` (buffered: never waits for the receiver). Returns its index."""
+        index = self._sent[dst]
+        publish(self.directory, self._p2p_name(self.rank, dst, index), message.encode(index, tag, description, tensors))
+        self._sent[dst] = index + 1
+        self._records[self.rank].write(_P2P_SLOT.pack(index + 1), _P2P_OFFSET + _P2P_SLOT.size * dst)
+        return index
+
+    def sent_to_me(self, src: int) -> int:
+        """How many messages ``src`` has sent to this rank so far."""
+        raw = self._records[src].read(_P2P_OFFSET + _P2P_SLOT.size * self.rank, _P2P_SLOT.size)
+        return _P2P_SLOT.unpack(raw)[0] if len(raw) == _P2P_SLOT.size else 0
+
+    def open_p2p(self, src: int, index: int) -> message.Message:
+        return message.Message(os.path.join(self.directory, self._p2p_name(src, self.rank, index)))
+
+    def discard_p2p(self, src: int, index: int) -> None:
+        """The receiver removes a message it consumed: it is the message's only reader."""
+        unlink_quietly(os.path.join(self.directory, self._p2p_name(src, self.rank, index)))
+
+    # ---- health, deadlines, errors ------------------------------------------------------
+
+    def abort(self, reason: str) -> None:
+        """Mark the group failed so every peer's waits end at once with ``reason``."""
+        self._abort.update(lambda old: None if old else reason.encode())
+
+    def abort_reason(self) -> str | None:
+        raw = self._abort.read()
+        return raw.decode(errors="replace") if raw else None
+
+    def check_health(self, peer: int | None = None) -> None:
+        """Raise PeerFailedError if the group was aborted or ``peer`` died on this host."""
+        self._check_health(peer)
+
+    def _check_health(self, peer: int | None) -> None:
+        reason = self.abort_reason()
+        if reason is not None:
+            raise PeerFailedError(f"{self._where()}: the group was aborted: {reason}")
+        peers = range(self.size) if peer is None else [peer]
+        for other in peers:
+            if other != self.rank and is_alive(self.members[other]) is False:
+                who = self.members[other]
+                raise PeerFailedError(
+                    f"{self._where()}: rank {other} (pid {who.pid} on {who.host}) died while this rank waited for it"
+                )
+
+    def _deadline(self) -> Deadline:
+        return Deadline(self.timeout)
+
+    def _timed_out(self, peer: int, what: str) -> FsdistTimeoutError:
+        state = self.peer_state(peer)
+        return FsdistTimeoutError(
+            f"{self._where()}: timed out after {self.timeout:.1f} s waiting for rank {peer} to publish {what}; "
+            f"its record {self._state_path(peer)} says it is at operation #{state.seq} step {state.step} "
+            f"('{state.description}')"
+        )
+
+    def _where(self) -> str:
+        return f"rank {self.rank}, operation #{self._seq} '{self._description}'"
+
+    def deadline(self) -> Deadline:
+        return self._deadline()
+
+    # ---- garbage collection and closing -------------------------------------------------
+
+    def collect_garbage(self) -> None:
+        """Delete own messages of operations every peer has finished (they moved past them)."""
+        if not self._published:
+            return
+        for peer in range(self.size):
+            if peer != self.rank and self._peer_seq[peer] <= self._published[0][0]:
+                self.peer_state(peer)
+        done_below = min((s for r, s in enumerate(self._peer_seq) if r != self.rank), default=self._seq + 1)
+        while self._published and self._published[0][0] < done_below:
+            unlink_quietly(self._published.popleft()[1])
+
+    def close(self) -> bool:
+        """Leave the group. The last rank to leave removes the group directory; returns True then."""
+        self._flags |= FLAG_CLOSED
+        self._write_state()
+        closed = Counter(os.path.join(self.directory, "closed"))
+        try:
+            last = closed.add(1) == self.size
+        finally:
+            closed.close()
+        for record in (*self._records, self._abort):
+            record.close()
+        if last:
+            remove_tree(self.directory)
+        return last
+
+    # ---- names --------------------------------------------------------------------------
+
+    def _state_path(self, rank: int) -> str:
+        return os.path.join(self.directory, f"state.r{rank}")
+
+    @staticmethod
+    def _message_name(rank: int, seq: int, step: int) -> str:
+        return f"m{seq}.{step}.r{rank}"
+
+    @staticmethod
+    def _p2p_name(src: int, dst: int, index: int) -> str:
+        return f"p{src}-{dst}.{index}"
