@@ -20,15 +20,15 @@ from .errors import (
 )
 
 __all__ = [
-    "__version__",
-    "register",
+    "DesyncError",
     "FsdistError",
     "FsdistTimeoutError",
+    "GroupBrokenError",
     "PeerFailedError",
-    "DesyncError",
     "ProtocolError",
     "RendezvousError",
-    "GroupBrokenError",
+    "__version__",
+    "register",
 ]
 
 BACKEND_NAME = "fsdist"

@@ -13,11 +13,11 @@ _rendezvous = importlib.import_module("torch.distributed.rendezvous")
 
 
 def backend_registered(name: str) -> bool:
-    return name.upper() in dist.Backend._plugins  # type: ignore[attr-defined]
+    return name.upper() in dist.Backend._plugins
 
 
 def rendezvous_registered(scheme: str) -> bool:
-    return scheme in _rendezvous._rendezvous_handlers  # type: ignore[attr-defined]
+    return scheme in _rendezvous._rendezvous_handlers
 
 
 def register_rendezvous(scheme: str, handler: Callable[..., Any]) -> None:

@@ -46,7 +46,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self, store: DirectoryStore, generation: Generation, rank: int, size: int, timeout: timedelta, group_id: str,
         global_ranks: Sequence[int], is_world: bool,
     ) -> None:  # fmt: skip
-        super().__init__(rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) form exists; the stub lacks it
         self._store = store  # c10d keeps only the C++ half of a Python store alive
         self._generation = generation
         self._is_world = is_world
@@ -160,19 +160,23 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         def run(s: Staging) -> None:
             chunks = [s.output(out).view(-1).chunk(self.size()) if out.numel() else None for out in outputs]
             by_rank = [
-                [c[r] if c is not None else torch.empty(0, dtype=x.dtype) for c, x in zip(chunks, inputs)]
+                [c[r] if c is not None else torch.empty(0, dtype=x.dtype) for c, x in zip(chunks, inputs, strict=True)]
                 for r in range(self.size())
             ]
             coll.all_gather(self._t, by_rank, [s.input(x) for x in inputs])
 
         return self._submit(desc, list(outputs), run)
 
-    def _all_gather(self, name: str, by_rank: Sequence[Tensors], inputs: Tensors, flat: list[torch.Tensor]) -> FsdistWork:
+    def _all_gather(
+        self, name: str, by_rank: Sequence[Tensors], inputs: Tensors, flat: list[torch.Tensor]
+    ) -> FsdistWork:
         desc = describe(name, inputs)
         return self._submit(
             desc,
             flat,
-            lambda s: coll.all_gather(self._t, [[s.output(o) for o in outs] for outs in by_rank], [s.input(x) for x in inputs]),
+            lambda s: coll.all_gather(
+                self._t, [[s.output(o) for o in outs] for outs in by_rank], [s.input(x) for x in inputs]
+            ),
         )
 
     def gather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any) -> FsdistWork:

@@ -7,13 +7,13 @@ was waiting for: a distributed failure that only says "timed out" costs hours to
 from __future__ import annotations
 
 __all__ = [
+    "DesyncError",
     "FsdistError",
     "FsdistTimeoutError",
+    "GroupBrokenError",
     "PeerFailedError",
-    "DesyncError",
     "ProtocolError",
     "RendezvousError",
-    "GroupBrokenError",
 ]
 
 

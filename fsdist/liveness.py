@@ -11,7 +11,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Identity", "this_process", "is_alive"]
+__all__ = ["Identity", "is_alive", "this_process"]
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from .fileio import open_file, retrying
 
-__all__ = ["LockedRecord", "Counter"]
+__all__ = ["Counter", "LockedRecord"]
 
 
 class LockedRecord:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -93,7 +94,9 @@ class Mailbox:
             consumed.remove(self._first_unconsumed[source])
             self._first_unconsumed[source] += 1
 
-    def _check_matches(self, source: int, index: int, parts: list, description: str, tensors: Sequence[torch.Tensor]) -> None:
+    def _check_matches(
+        self, source: int, index: int, parts: list[Any], description: str, tensors: Sequence[torch.Tensor]
+    ) -> None:
         sent = [(p.dtype, p.nbytes) for p in parts]
         expected = [(t.dtype, t.numel() * t.element_size()) for t in tensors]
         if sent != expected:

@@ -93,4 +93,6 @@ def finish(reduction: Reduction, acc: torch.Tensor, world_size: int) -> None:
             acc.div_(world_size, rounding_mode="trunc")
     elif reduction.kind is ReduceKind.PREMUL_SUM:
         factor = reduction.factor
+        if factor is None:
+            raise ValueError("PREMUL_SUM needs a factor")
         acc.mul_(factor.to(acc.dtype) if isinstance(factor, torch.Tensor) else factor)

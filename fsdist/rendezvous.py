@@ -36,7 +36,7 @@ from .waiting import Deadline, poll
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Generation", "rendezvous", "fsdist_rendezvous_handler", "RENDEZVOUS_FILE"]
+__all__ = ["RENDEZVOUS_FILE", "Generation", "fsdist_rendezvous_handler", "rendezvous"]
 
 RENDEZVOUS_FILE = "fsdist-rendezvous.json"
 _FORMAT = 1
@@ -179,7 +179,7 @@ def parse_url(url: str) -> tuple[str, int, int]:
 def _first_int(*candidates: str | None, what: str) -> int:
     for value in candidates:
         if value not in (None, ""):
-            return int(value)  # type: ignore[arg-type]
+            return int(value)
     raise RendezvousError(
         f"fsdist rendezvous needs the {what}: pass it to init_process_group, or set RANK/WORLD_SIZE "
         "(SLURM_PROCID/SLURM_NTASKS under SLURM)"

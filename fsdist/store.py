@@ -128,14 +128,14 @@ class DirectoryStore(dist.Store):
         return existed
 
     # c10d calls these camelCase names from C++.
-    getNumKeys = num_keys
-    deleteKey = delete_key
+    getNumKeys = num_keys  # noqa: N815
+    deleteKey = delete_key  # noqa: N815
 
     def set_timeout(self, timeout: timedelta) -> None:
         self._timeout = timeout
 
     @property
-    def timeout(self) -> timedelta:  # type: ignore[override]
+    def timeout(self) -> timedelta:
         return self._timeout
 
     def clone(self) -> DirectoryStore:

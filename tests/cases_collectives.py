@@ -1,0 +1,327 @@
+"""Collective test cases, run inside every rank of a pool (see harness.py).
+
+Each case loops over every shape (0-d, empty, 1, 1000, non-contiguous, large), runs the
+collective twice back to back synchronously and twice asynchronously (both issued before either
+is waited on), and compares each output with a reference computed here. It returns the list of
+failures (empty when all is well) and a digest of each output, so the parent can also check
+that all ranks got bit-identical results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from reference import (
+    DTYPES,
+    SHAPES,
+    digest,
+    make_input,
+    mismatch,
+    non_contiguous,
+    reduce_op,
+    reduce_reference,
+    supported,
+)
+
+Result = dict[str, list[str]]
+#: A trial: (seed) -> list of (label, actual, expected) after issuing ops; issue(async_op) -> works
+Issue = Callable[[int, bool], tuple[list[Any], Callable[[], list[tuple[str, torch.Tensor, torch.Tensor]]]]]
+
+
+def _rank_world() -> tuple[int, int]:
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _run_trials(label: str, issue: Issue, result: Result) -> None:
+    """Twice synchronously, then two async ops issued back to back and waited afterwards."""
+    for seed in (1, 2):
+        works, check = issue(seed, False)
+        _record(f"{label} sync#{seed}", check(), result)
+    pending = [issue(seed, True) for seed in (3, 4)]
+    for seed, (works, check) in zip((3, 4), pending, strict=True):
+        for work in works:
+            if work is not None:
+                work.wait()  # a Work, or a Future where torch returns one (all_reduce_coalesced)
+                assert work.is_completed() if hasattr(work, "is_completed") else work.done()
+        _record(f"{label} async#{seed}", check(), result)
+
+
+def _record(label: str, outcomes: list[tuple[str, torch.Tensor, torch.Tensor]], result: Result) -> None:
+    for what, actual, expected in outcomes:
+        problem = mismatch(actual, expected)
+        if problem:
+            result["failures"].append(f"{label} {what}: {problem}")
+        result["digests"].append(f"{label} {what} {digest(actual)}")
+
+
+def _shape_input(
+    seed: int, rank: int, shape: tuple[int, ...], noncontig: bool, dtype: torch.dtype, op: str = "SUM"
+) -> torch.Tensor:
+    tensor = make_input(seed, rank, shape, dtype, op)
+    return non_contiguous(tensor) if noncontig else tensor
+
+
+def _expect_unsupported(call: Callable[[], Any], result: Result) -> None:
+    try:
+        call()
+    except ValueError as exc:
+        if "support" not in str(exc):
+            result["failures"].append(f"unclear error for an unsupported op: {exc}")
+    else:
+        result["failures"].append("an unsupported (op, dtype) did not raise ValueError")
+    dist.barrier()  # the group must still work after a refused call
+
+
+def _new_result() -> Result:
+    return {"failures": [], "digests": []}
+
+
+def all_reduce(op: str, dtype_name: str) -> Result:
+    rank, world = _rank_world()
+    dtype, result = DTYPES[dtype_name], _new_result()
+    if not supported(op, dtype, all_reduce=True):
+        _expect_unsupported(lambda: dist.all_reduce(torch.zeros(3, dtype=dtype), op=reduce_op(op)), result)
+        return result
+    for label, shape, noncontig in SHAPES:
+
+        def issue(seed: int, async_op: bool, shape=shape, noncontig=noncontig) -> Any:
+            inputs = [_shape_input(seed, r, shape, noncontig, dtype, op) for r in range(world)]
+            tensor = inputs[rank].clone() if not noncontig else non_contiguous(inputs[rank].clone())
+            work = dist.all_reduce(tensor, op=reduce_op(op), async_op=async_op)
+            return [work], lambda: [("", tensor, reduce_reference(inputs, op))]
+
+        _run_trials(label, issue, result)
+    return result
+
+
+def reduce(op: str, dtype_name: str) -> Result:
+    rank, world = _rank_world()
+    dtype, result = DTYPES[dtype_name], _new_result()
+    if not supported(op, dtype):
+        _expect_unsupported(lambda: dist.reduce(torch.zeros(3, dtype=dtype), dst=0, op=reduce_op(op)), result)
+        return result
+    for root in range(world):
+        for label, shape, noncontig in SHAPES:
+
+            def issue(seed: int, async_op: bool, shape=shape, noncontig=noncontig, root=root) -> Any:
+                inputs = [_shape_input(seed, r, shape, noncontig, dtype, op) for r in range(world)]
+                tensor = inputs[rank].clone()
+                work = dist.reduce(tensor, dst=root, op=reduce_op(op), async_op=async_op)
+                expected = reduce_reference(inputs, op) if rank == root else inputs[rank]
+                return [work], lambda: [("", tensor, expected)]
+
+            _run_trials(f"root={root} {label}", issue, result)
+    return result
+
+
+def reduce_scatter(op: str, dtype_name: str) -> Result:
+    rank, world = _rank_world()
+    dtype, result = DTYPES[dtype_name], _new_result()
+    if not supported(op, dtype):
+        _expect_unsupported(
+            lambda: dist.reduce_scatter(
+                torch.zeros(3, dtype=dtype), [torch.zeros(3, dtype=dtype)] * world, op=reduce_op(op)
+            ),
+            result,
+        )
+        return result
+    for label, shape, noncontig in _piece_shapes(world):
+
+        def issue_list(seed: int, async_op: bool, shape=shape, noncontig=noncontig) -> Any:
+            inputs = [
+                [_shape_input(seed * 31 + k, r, shape, noncontig, dtype, op) for k in range(world)]
+                for r in range(world)
+            ]
+            output = torch.empty(shape, dtype=dtype)
+            work = dist.reduce_scatter(output, inputs[rank], op=reduce_op(op), async_op=async_op)
+            expected = reduce_reference([inputs[r][rank] for r in range(world)], op)
+            return [work], lambda: [("list", output, expected)]
+
+        def issue_tensor(seed: int, async_op: bool, shape=shape) -> Any:
+            inputs = [
+                torch.cat([make_input(seed * 31 + k, r, shape, dtype, op).reshape(-1) for k in range(world)])
+                for r in range(world)
+            ]
+            output = torch.empty(shape, dtype=dtype).reshape(-1)
+            work = dist.reduce_scatter_tensor(output, inputs[rank], op=reduce_op(op), async_op=async_op)
+            n = output.numel()
+            expected = reduce_reference([inputs[r][rank * n : (rank + 1) * n] for r in range(world)], op)
+            return [work], lambda: [("tensor", output, expected)]
+
+        _run_trials(label, issue_list, result)
+        _run_trials(label, issue_tensor, result)
+    return result
+
+
+def _piece_shapes(world: int) -> list[tuple[str, tuple[int, ...], bool]]:
+    """SHAPES with the large one cut so that the whole input stays a few MB."""
+    return [(label, (shape[0] // world,) if label == "large" else shape, nc) for label, shape, nc in SHAPES]
+
+
+def broadcast(dtype_name: str) -> Result:
+    rank, world = _rank_world()
+    dtype, result = DTYPES[dtype_name], _new_result()
+    for root in range(world):
+        for label, shape, noncontig in SHAPES:
+
+            def issue(seed: int, async_op: bool, shape=shape, noncontig=noncontig, root=root) -> Any:
+                expected = _shape_input(seed, root, shape, noncontig, dtype)
+                tensor = expected.clone() if rank == root else torch.zeros_like(expected)
+                if noncontig:
+                    tensor = non_contiguous(tensor)
+                work = dist.broadcast(tensor, src=root, async_op=async_op)
+                return [work], lambda: [("", tensor, expected)]
+
+            _run_trials(f"root={root} {label}", issue, result)
+    return result
+
+
+def all_gather(dtype_name: str) -> Result:
+    rank, world = _rank_world()
+    dtype, result = DTYPES[dtype_name], _new_result()
+    for label, shape, noncontig in _piece_shapes(world):
+
+        def issue_list(seed: int, async_op: bool, shape=shape, noncontig=noncontig) -> Any:
+            inputs = [_shape_input(seed, r, shape, noncontig, dtype) for r in range(world)]
+            outputs = [torch.zeros(shape, dtype=dtype) for _ in range(world)]
+            if noncontig:
+                outputs = [non_contiguous(o) for o in outputs]
+            work = dist.all_gather(outputs, inputs[rank], async_op=async_op)
+            return [work], lambda: [(f"list[{r}]", outputs[r], inputs[r]) for r in range(world)]
+
+        def issue_tensor(seed: int, async_op: bool, shape=shape) -> Any:
+            inputs = [make_input(seed, r, shape, dtype) for r in range(world)]
+            output = torch.zeros((world, *shape), dtype=dtype)
+            work = dist.all_gather_into_tensor(output, inputs[rank], async_op=async_op)
+            return [work], lambda: [("into_tensor", output, torch.stack(inputs))]
+
+        def issue_coalesced(seed: int, async_op: bool, shape=shape) -> Any:
+            inputs = [[make_input(seed * 3 + k, r, shape, dtype) for k in range(2)] for r in range(world)]
+            outputs = [[torch.zeros(shape, dtype=dtype) for _ in range(2)] for _ in range(world)]
+            work = dist.all_gather_coalesced(outputs, inputs[rank], async_op=async_op)
+            return [work], lambda: [
+                (f"coalesced[{r}][{k}]", outputs[r][k], inputs[r][k]) for r in range(world) for k in range(2)
+            ]
+
+        _run_trials(label, issue_list, result)
+        _run_trials(label, issue_tensor, result)
+        _run_trials(label, issue_coalesced, result)
+    return result
+
+
+def gather(dtype_name: str) -> Result:
+    rank, world = _rank_world()
+    dtype, result = DTYPES[dtype_name], _new_result()
+    for root in range(world):
+        for label, shape, noncontig in _piece_shapes(world):
+
+            def issue(seed: int, async_op: bool, shape=shape, noncontig=noncontig, root=root) -> Any:
+                inputs = [_shape_input(seed, r, shape, noncontig, dtype) for r in range(world)]
+                outputs = [torch.zeros(shape, dtype=dtype) for _ in range(world)] if rank == root else None
+                work = dist.gather(inputs[rank], outputs, dst=root, async_op=async_op)
+                if rank != root:
+                    return [work], lambda: []
+                return [work], lambda: [(f"[{r}]", outputs[r], inputs[r]) for r in range(world)]
+
+            _run_trials(f"root={root} {label}", issue, result)
+    return result
+
+
+def scatter(dtype_name: str) -> Result:
+    rank, world = _rank_world()
+    dtype, result = DTYPES[dtype_name], _new_result()
+    for root in range(world):
+        for label, shape, noncontig in _piece_shapes(world):
+
+            def issue(seed: int, async_op: bool, shape=shape, noncontig=noncontig, root=root) -> Any:
+                pieces = [_shape_input(seed * 5 + k, root, shape, noncontig, dtype) for k in range(world)]
+                output = torch.zeros(shape, dtype=dtype)
+                if noncontig:
+                    output = non_contiguous(output)
+                work = dist.scatter(output, pieces if rank == root else None, src=root, async_op=async_op)
+                return [work], lambda: [("", output, pieces[rank])]
+
+            _run_trials(f"root={root} {label}", issue, result)
+    return result
+
+
+def all_to_all(dtype_name: str) -> Result:
+    rank, world = _rank_world()
+    dtype, result = DTYPES[dtype_name], _new_result()
+    for label, shape, noncontig in _piece_shapes(world):
+
+        def issue_list(seed: int, async_op: bool, shape=shape, noncontig=noncontig) -> Any:
+            # piece[src][dst]
+            pieces = [
+                [_shape_input(seed * 11 + dst, src, shape, noncontig, dtype) for dst in range(world)]
+                for src in range(world)
+            ]
+            outputs = [torch.zeros(shape, dtype=dtype) for _ in range(world)]
+            work = dist.all_to_all(outputs, pieces[rank], async_op=async_op)
+            return [work], lambda: [(f"list[{src}]", outputs[src], pieces[src][rank]) for src in range(world)]
+
+        _run_trials(label, issue_list, result)
+
+    def issue_uneven(seed: int, async_op: bool) -> Any:
+        # rank src sends (src + dst + 1) rows of 3 to dst; some pieces are empty when seed is even
+        rows = [[(src + dst + seed) % 3 for dst in range(world)] for src in range(world)]
+        data = [make_input(seed, src, (sum(rows[src]), 3), dtype) for src in range(world)]
+        out_rows = [rows[src][rank] for src in range(world)]
+        output = torch.zeros((sum(out_rows), 3), dtype=dtype)
+        work = dist.all_to_all_single(output, data[rank], out_rows, rows[rank], async_op=async_op)
+        expected = torch.cat([data[src].split(rows[src])[rank] for src in range(world)])
+        return [work], lambda: [("single-uneven", output, expected)]
+
+    def issue_even(seed: int, async_op: bool) -> Any:
+        data = [make_input(seed, src, (world * 4, 2), dtype) for src in range(world)]
+        output = torch.zeros((world * 4, 2), dtype=dtype)
+        work = dist.all_to_all_single(output, data[rank], async_op=async_op)
+        expected = torch.cat([data[src].chunk(world)[rank] for src in range(world)])
+        return [work], lambda: [("single-even", output, expected)]
+
+    _run_trials("uneven", issue_uneven, result)
+    _run_trials("even", issue_even, result)
+    return result
+
+
+def coalesced(op: str, dtype_name: str) -> Result:
+    """all_reduce_coalesced and the coalescing manager (which uses the *_coalesced methods)."""
+    rank, world = _rank_world()
+    dtype, result = DTYPES[dtype_name], _new_result()
+    if not supported(op, dtype, all_reduce=True):
+        _expect_unsupported(lambda: dist.all_reduce_coalesced([torch.zeros(3, dtype=dtype)], op=reduce_op(op)), result)
+        return result
+
+    def issue(seed: int, async_op: bool) -> Any:
+        shapes = [(), (0,), (7,), (3, 5), (300_000,)]
+        inputs = [[make_input(seed * 13 + k, r, s, dtype, op) for k, s in enumerate(shapes)] for r in range(world)]
+        tensors = [x.clone() for x in inputs[rank]]
+        work = dist.all_reduce_coalesced(tensors, op=reduce_op(op), async_op=async_op)
+        return [work], lambda: [
+            (f"[{k}]", tensors[k], reduce_reference([inputs[r][k] for r in range(world)], op))
+            for k in range(len(shapes))
+        ]
+
+    _run_trials("all_reduce_coalesced", issue, result)
+    return result
+
+
+def barrier_and_ordering() -> Result:
+    """barrier, sync and async; then many async ops in flight at once finish in issue order."""
+    rank, world = _rank_world()
+    result = _new_result()
+    for _ in range(3):
+        dist.barrier()
+    dist.barrier(async_op=True).wait()
+    tensors = [torch.full((5,), float(rank + i)) for i in range(20)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    futures = [w.get_future() for w in works]
+    for i, fut in enumerate(futures):
+        value = fut.wait()
+        expected = torch.full((5,), float(sum(range(world)) + world * i))
+        _record(f"future[{i}]", [("", value[0], expected), ("", tensors[i], expected)], result)
+    return result

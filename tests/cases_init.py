@@ -1,0 +1,49 @@
+"""Cases for rendezvous and lifecycle, run in rank processes started without a process group."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def init_by_env_and_reduce(url: str, env: dict[str, str]) -> float:
+    """Join through environment variables only, all_reduce once, leave."""
+    import fsdist  # noqa: F401
+
+    os.environ.update(env)
+    dist.init_process_group("fsdist", init_method=url, timeout=timedelta(seconds=60))
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    dist.destroy_process_group()
+    return t.item()
+
+
+def init_twice(directory: str, rank: int, world: int) -> list[float]:
+    """Two jobs one after the other in one directory (same processes): both work."""
+    import fsdist  # noqa: F401
+
+    values = []
+    for _ in range(2):
+        dist.init_process_group("fsdist", init_method=f"fsdist://{directory}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=60))  # fmt: skip
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        values.append(t.item())
+        dist.destroy_process_group()
+    return values
+
+
+def crash_mid_collective(directory: str, rank: int, world: int) -> None:
+    """Join, publish part of a collective's traffic, and die without cleaning up."""
+    import fsdist  # noqa: F401
+
+    dist.init_process_group("fsdist", init_method=f"fsdist://{directory}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=60))  # fmt: skip
+    dist.all_reduce(torch.ones(10))
+    if dist.get_rank() == 0:
+        os._exit(3)
+    dist.all_reduce(torch.ones(10))  # the others wait for rank 0, then fail
+    os._exit(3)

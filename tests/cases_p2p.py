@@ -1,0 +1,152 @@
+"""Point-to-point cases run inside every rank: send/recv, isend/irecv, tags, any-source."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from reference import DTYPES, SHAPES, make_input, mismatch, non_contiguous
+
+
+def ring_every_dtype_and_shape() -> list[str]:
+    """Each rank sends to the next and receives from the previous, blocking, every dtype × shape."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    for dtype_name, dtype in DTYPES.items():
+        for label, shape, noncontig in SHAPES:
+            for seed in (1, 2):  # twice back to back
+                mine = make_input(seed, rank, shape, dtype)
+                theirs = make_input(seed, prev, shape, dtype)
+                out = torch.zeros_like(theirs)
+                if noncontig:
+                    mine, out = non_contiguous(mine), non_contiguous(out)
+                if rank % 2 == 0:  # buffered sends make either order safe; mix them anyway
+                    dist.send(mine, nxt)
+                    dist.recv(out, prev)
+                else:
+                    req = dist.irecv(out, prev)
+                    dist.isend(mine, nxt).wait()
+                    req.wait()
+                problem = mismatch(out, theirs)
+                if problem:
+                    failures.append(f"{dtype_name} {label} #{seed}: {problem}")
+    return failures
+
+
+def tags_and_order() -> list[str]:
+    """Receives match by tag, out of send order; same-tag messages arrive in send order."""
+    rank = dist.get_rank()
+    failures = []
+    if rank == 0:
+        for value, tag in [(1.0, 5), (2.0, 7), (3.0, 7), (4.0, 5)]:
+            dist.send(torch.tensor([value]), 1, tag=tag)
+    elif rank == 1:
+        got = {}
+        reqs = []
+        for name, tag in [("a7", 7), ("a5", 5), ("b7", 7), ("b5", 5)]:
+            buf = torch.zeros(1)
+            reqs.append(dist.irecv(buf, 0, tag=tag))
+            got[name] = buf
+        for req in reqs:
+            req.wait()
+        expected = {"a7": 2.0, "a5": 1.0, "b7": 3.0, "b5": 4.0}
+        actual = {k: v.item() for k, v in got.items()}
+        if actual != expected:
+            failures.append(f"tag matching: got {actual}, expected {expected}")
+    dist.barrier()
+    return failures
+
+
+def any_source() -> list[str]:
+    """Rank 0 receives one message from every other rank without naming the source."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+    if rank == 0:
+        senders = []
+        for _ in range(world - 1):
+            buf = torch.zeros(2, dtype=torch.int64)
+            src = dist.recv(buf)
+            if buf.tolist() != [src, src * 10]:
+                failures.append(f"from {src}: got {buf.tolist()}")
+            senders.append(src)
+        if sorted(senders) != list(range(1, world)):
+            failures.append(f"senders {senders}")
+    else:
+        dist.send(torch.tensor([rank, rank * 10]), 0)
+    dist.barrier()
+    return failures
+
+
+def irecv_does_not_block_collectives() -> list[str]:
+    """A posted irecv whose message comes after a collective must not hold that collective up."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+    buf = torch.zeros(3)
+    req = dist.irecv(buf, (rank - 1) % world) if world > 1 else None
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    if t.tolist() != [float(world)] * 4:
+        failures.append(f"all_reduce gave {t.tolist()}")
+    if req is not None:
+        dist.send(torch.full((3,), float(rank)), (rank + 1) % world)
+        req.wait()
+        if buf.tolist() != [float((rank - 1) % world)] * 3:
+            failures.append(f"irecv gave {buf.tolist()}")
+        # the future of an irecv yields the output tensors (DDP-style callbacks use it)
+        req2 = dist.irecv(torch.zeros(1), (rank - 1) % world)
+        dist.send(torch.ones(1), (rank + 1) % world)
+        value = req2.get_future().wait()
+        if [v.tolist() for v in value] != [[1.0]]:
+            failures.append(f"irecv future gave {value}")
+    return failures
+
+
+def batch_exchange() -> list[str]:
+    """batch_isend_irecv: every rank exchanges with both neighbours at once."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return []
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    from_prev, from_next = torch.zeros(5), torch.zeros(5)
+    ops = [
+        dist.P2POp(dist.irecv, from_prev, prev),
+        dist.P2POp(dist.irecv, from_next, nxt),
+        dist.P2POp(dist.isend, torch.full((5,), float(rank)), nxt),
+        dist.P2POp(dist.isend, torch.full((5,), float(rank)), prev),
+    ]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    failures = []
+    if from_prev.tolist() != [float(prev)] * 5 or from_next.tolist() != [float(nxt)] * 5:
+        failures.append(f"got {from_prev.tolist()} / {from_next.tolist()}")
+    return failures
+
+
+def bad_peers() -> list[str]:
+    """Sending to oneself or to a rank outside the group is a clear error, and loses nothing."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for peer, words in [(rank, "itself"), (world + 3, "")]:
+        try:
+            dist.send(torch.zeros(1), peer)
+        except (ValueError, RuntimeError) as exc:
+            if words and words not in str(exc):
+                failures.append(f"send to {peer}: unclear error {exc}")
+        else:
+            failures.append(f"send to {peer} did not raise")
+    dist.barrier()
+    return failures
+
+
+def mismatched_recv(role: str) -> str:
+    """Rank 0 sends 4 floats; rank 1 expects 5 int64s: rank 1 must say so, not hang or garble."""
+    rank = dist.get_rank()
+    if rank == 0:
+        dist.send(torch.zeros(4), 1)
+        return "sent"
+    try:
+        dist.recv(torch.zeros(5, dtype=torch.int64), 0)
+    except Exception as exc:  # noqa: BLE001 - the error text is what is checked
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"

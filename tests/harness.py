@@ -1,0 +1,222 @@
+"""The one multi-process harness every test uses: real rank processes, many cases per spawn.
+
+Starting a rank costs 1–3 s (spawn + ``import torch``), so a ``RankPool`` spawns N ranks once,
+forms one fsdist job over a fresh temporary directory, and then runs test cases in it: the
+parent sends ``(function, args)`` to every rank, each rank runs ``function(*args)`` and sends
+back its result or its traceback. Every case has a deadline; on a hang each rank first dumps
+the stacks of all its threads (faulthandler), then the pool is killed and the case fails.
+fcntl locks belong to processes, which is why these are processes and not threads.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+CASE_TIMEOUT = float(os.environ.get("FSDIST_TEST_CASE_TIMEOUT", "120"))
+#: fsdist's own group timeout inside tests: shorter than the case timeout, so fsdist's own
+#: error (naming rank, op and sequence number) wins over the harness's kill.
+GROUP_TIMEOUT = CASE_TIMEOUT / 2
+
+
+class RankError(AssertionError):
+    """A case raised in at least one rank; the message holds every rank's traceback."""
+
+
+class RankPool:
+    """``world_size`` live rank processes in one fsdist job, ready to run cases."""
+
+    def __init__(
+        self,
+        world_size: int,
+        init: bool = True,
+        env: dict[str, str] | None = None,
+        group_timeout: float = GROUP_TIMEOUT,
+    ) -> None:
+        self.world_size = world_size
+        self.directory = tempfile.mkdtemp(prefix=f"fsdist-test-w{world_size}-")
+        ctx = mp.get_context("spawn")
+        self._conns = []
+        self.processes = []
+        for rank in range(world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=_rank_main,
+                args=(rank, world_size, self.directory, child, init, env or {}, group_timeout),
+                daemon=True,
+            )
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self.processes.append(proc)
+        self.broken = False
+        self._collect("startup", CASE_TIMEOUT)
+
+    def run(self, function: Callable[..., Any], *args: Any, timeout: float = CASE_TIMEOUT) -> list[Any]:
+        """Run ``function(*args)`` in every rank; return the per-rank results (rank order)."""
+        return self.run_each(function, [args] * self.world_size, timeout=timeout)
+
+    def run_each(
+        self,
+        function: Callable[..., Any],
+        per_rank_args: list[tuple[Any, ...]],
+        timeout: float = CASE_TIMEOUT,
+        deaths_expected: bool = False,
+    ) -> list[Any]:
+        """Like ``run``, with each rank's own arguments.
+
+        With ``deaths_expected`` a rank that exits gives ``None`` instead of failing the case
+        (fault-injection tests); the pool is then broken and must not be reused.
+        """
+        if self.broken:
+            raise RuntimeError("this pool is broken; make a new one")
+        name = f"{function.__module__}:{function.__qualname__}"
+        for conn, args in zip(self._conns, per_rank_args, strict=True):
+            conn.send(("call", name, args, timeout))
+        return self._collect(name, timeout, deaths_expected)
+
+    def _collect(self, what: str, timeout: float, deaths_expected: bool = False) -> list[Any]:
+        deadline = time.monotonic() + timeout + 5
+        results: list[Any] = [None] * self.world_size
+        errors: dict[int, str] = {}
+        for rank, conn in enumerate(self._conns):
+            remaining = max(0.0, deadline - time.monotonic())
+            if not conn.poll(remaining):
+                self.kill(dump=True)
+                raise TimeoutError(f"{what}: rank {rank} gave no answer within {timeout:.0f} s (stacks dumped above)")
+            try:
+                status, value = conn.recv()
+            except EOFError:
+                if deaths_expected:
+                    self.broken = True
+                    continue
+                self.kill()
+                raise RankError(f"{what}: rank {rank} died (exit code {self.processes[rank].exitcode})") from None
+            if status == "ok":
+                results[rank] = value
+            else:
+                errors[rank] = value
+        if errors:
+            self.broken = True  # a failed collective may leave the group broken: start afresh
+            self.kill()
+            text = "\n".join(f"--- rank {rank} ---\n{tb}" for rank, tb in sorted(errors.items()))
+            raise RankError(f"{what} raised in rank(s) {sorted(errors)}:\n{text}")
+        return results
+
+    def close(self) -> None:
+        """Destroy the process group in every rank, join them, and check nothing was left."""
+        if self.broken:
+            self.kill()
+            shutil.rmtree(self.directory, ignore_errors=True)
+            return
+        for conn in self._conns:
+            conn.send(("exit", "", (), CASE_TIMEOUT))
+        try:
+            self._collect("shutdown", CASE_TIMEOUT)
+        finally:
+            for proc in self.processes:
+                proc.join(10)
+            self.kill()
+        leftovers = [n for n in os.listdir(self.directory) if n != "fsdist-rendezvous.json"]
+        shutil.rmtree(self.directory, ignore_errors=True)
+        if leftovers:
+            raise AssertionError(f"destroy_process_group left files behind: {leftovers}")
+
+    def kill(self, dump: bool = False) -> None:
+        """Stop every rank now (after asking for a stack dump when ``dump``)."""
+        self.broken = True
+        if dump:
+            for proc in self.processes:
+                if proc.is_alive() and proc.pid:
+                    os.kill(proc.pid, signal.SIGUSR1)
+            time.sleep(1.0)
+        for proc in self.processes:
+            if proc.is_alive():
+                proc.kill()
+            proc.join(5)
+        for conn in self._conns:
+            conn.close()
+
+
+def _rank_main(
+    rank: int, world_size: int, directory: str, conn: Any, init: bool, env: dict[str, str], group_timeout: float
+) -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    os.environ.update(env)
+    try:
+        if init:
+            from datetime import timedelta
+
+            import torch.distributed as dist
+
+            import fsdist  # noqa: F401 - registers the backend
+
+            dist.init_process_group(
+                "fsdist",
+                init_method=f"fsdist://{directory}",
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=group_timeout),
+            )
+        conn.send(("ok", None))
+    except BaseException:  # noqa: BLE001 - every error goes back to the parent
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        kind, name, args, timeout = conn.recv()
+        if kind == "exit":
+            try:
+                if init:
+                    import torch.distributed as dist
+
+                    dist.destroy_process_group()
+                conn.send(("ok", None))
+            except BaseException:  # noqa: BLE001 - every error goes back to the parent
+                conn.send(("error", traceback.format_exc()))
+            return
+        faulthandler.dump_traceback_later(timeout, exit=False)
+        try:
+            module, qualname = name.split(":")
+            function = getattr(importlib.import_module(module), qualname)
+            conn.send(("ok", function(*args)))
+        except BaseException:  # noqa: BLE001 - every error goes back to the parent
+            conn.send(("error", traceback.format_exc()))
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        sys.stdout.flush()
+
+
+class Pools:
+    """Session-wide cache of one live pool per world size; broken pools are replaced."""
+
+    def __init__(self) -> None:
+        self._pools: dict[int, RankPool] = {}
+
+    def get(self, world_size: int) -> RankPool:
+        pool = self._pools.get(world_size)
+        if pool is None or pool.broken:
+            if pool is not None:
+                pool.close()  # a broken pool: kill what is left and remove its directory
+            pool = self._pools[world_size] = RankPool(world_size)
+        return pool
+
+    def close_all(self) -> None:
+        errors = []
+        for pool in self._pools.values():
+            try:
+                pool.close()
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+        self._pools.clear()
+        if errors:
+            raise errors[0]

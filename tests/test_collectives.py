@@ -1,0 +1,68 @@
+"""Every collective × reduce op × dtype × world size (1–4) × shape, against references.
+
+Each pytest case runs in a live pool of real rank processes (harness.py); the shapes, roots,
+repeats and sync/async variants of one case run inside it and are reported by label.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import cases_collectives as cases
+from reference import DTYPES, OPS
+
+WORLDS = [1, 2, 3, 4]
+
+
+def _check(results: list[dict[str, list[str]]], same_on_all_ranks: bool) -> None:
+    failures = [f"rank {rank}: {f}" for rank, res in enumerate(results) for f in res["failures"]]
+    assert not failures, f"{len(failures)} failures:\n" + "\n".join(failures[:40])
+    if same_on_all_ranks:
+        for rank, res in enumerate(results[1:], start=1):
+            assert res["digests"] == results[0]["digests"], f"rank {rank}'s results differ from rank 0's"
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("world", WORLDS)
+def test_all_reduce(pool_factory, world: int, op: str, dtype: str) -> None:
+    _check(pool_factory(world).run(cases.all_reduce, op, dtype), same_on_all_ranks=True)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("world", WORLDS)
+def test_reduce(pool_factory, world: int, op: str, dtype: str) -> None:
+    _check(pool_factory(world).run(cases.reduce, op, dtype), same_on_all_ranks=False)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("world", WORLDS)
+def test_reduce_scatter(pool_factory, world: int, op: str, dtype: str) -> None:
+    _check(pool_factory(world).run(cases.reduce_scatter, op, dtype), same_on_all_ranks=False)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize(
+    "collective",
+    [cases.broadcast, cases.all_gather, cases.gather, cases.scatter, cases.all_to_all],
+    ids=lambda f: f.__name__,
+)
+def test_data_movement(pool_factory, collective, world: int, dtype: str) -> None:
+    _check(
+        pool_factory(world).run(collective, dtype), same_on_all_ranks=collective in (cases.broadcast, cases.all_gather)
+    )
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64", "bool", "complex64"])
+@pytest.mark.parametrize("op", ["SUM", "MAX", "PRODUCT"])
+@pytest.mark.parametrize("world", WORLDS)
+def test_all_reduce_coalesced(pool_factory, world: int, op: str, dtype: str) -> None:
+    _check(pool_factory(world).run(cases.coalesced, op, dtype), same_on_all_ranks=True)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_barrier_and_async_order(pool_factory, world: int) -> None:
+    _check(pool_factory(world).run(cases.barrier_and_ordering), same_on_all_ranks=True)

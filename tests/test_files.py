@@ -1,0 +1,128 @@
+"""The file layer with real processes: counters under contention, atomic publish, messages."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import struct
+
+import pytest
+import torch
+
+from fsdist import message
+from fsdist.errors import FsdistError, ProtocolError
+from fsdist.fileio import publish
+from fsdist.locked_record import Counter, LockedRecord
+
+CTX = mp.get_context("fork")  # the parent has imported everything; fork starts in milliseconds
+
+
+def _increment(path: str, times: int) -> None:
+    counter = Counter(path)
+    for _ in range(times):
+        counter.add(1)
+
+
+def test_counter_8_processes_x_2000_increments(tmp_path) -> None:
+    path = str(tmp_path / "counter")
+    procs = [CTX.Process(target=_increment, args=(path, 2000)) for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    assert Counter(path).get() == 16000
+
+
+def test_counter_compare_and_set(tmp_path) -> None:
+    counter = Counter(str(tmp_path / "c"))
+    assert counter.compare_and_set(0, 5) == 5
+    assert counter.compare_and_set(0, 9) == 5  # expected did not match: unchanged
+    assert counter.add(-2) == 3
+    assert counter.get() == 3
+
+
+def _publisher(directory: str, rounds: int, size: int) -> None:
+    for i in range(rounds):
+        payload = torch.full((size,), i % 251, dtype=torch.uint8)
+        publish(directory, "msg", message.encode(i, 0, "fill", [payload]))
+
+
+def test_reader_never_sees_a_partial_or_mixed_file(tmp_path) -> None:
+    directory = str(tmp_path)
+    size = 4 << 20
+    writer = CTX.Process(target=_publisher, args=(directory, 40, size))
+    writer.start()
+    seen = 0
+    while writer.is_alive() or seen == 0:
+        try:
+            msg = message.Message(os.path.join(directory, "msg"))
+        except FileNotFoundError:
+            continue
+        with msg:
+            assert msg.parts[0].nbytes == size
+            out = torch.empty(size, dtype=torch.uint8)
+            msg.read_into(0, out)
+            assert bool((out == out[0]).all()), "a reader saw bytes of two different messages"
+            assert out[0].item() == msg.seq % 251
+            seen += 1
+    writer.join()
+    assert writer.exitcode == 0
+    assert not [n for n in os.listdir(directory) if n.startswith(".tmp")], "temporary files left behind"
+
+
+def test_truncated_and_foreign_files_are_refused(tmp_path) -> None:
+    good = publish(str(tmp_path), "good", message.encode(1, 0, "x", [torch.arange(100)]))
+    raw = open(good, "rb").read()
+    (tmp_path / "foreign").write_bytes(b"GARBAGE" * 20)
+    (tmp_path / "short").write_bytes(raw[:10])
+    (tmp_path / "badcrc").write_bytes(raw[:40] + b"\xff" + raw[41:])
+    (tmp_path / "cut").write_bytes(raw[:-100])
+    for name in ("foreign", "short", "badcrc"):
+        with pytest.raises(ProtocolError):
+            message.Message(str(tmp_path / name))
+    with message.Message(str(tmp_path / "cut")) as msg, pytest.raises(FsdistError, match="ended after"):
+        msg.read_into(0, torch.empty(100, dtype=torch.int64))
+
+
+def test_symlinks_are_not_followed(tmp_path) -> None:
+    target = tmp_path / "elsewhere"
+    target.write_bytes(b"secret")
+    os.symlink(target, tmp_path / "link")
+    with pytest.raises(OSError):
+        message.Message(str(tmp_path / "link"))
+    with pytest.raises(OSError):
+        LockedRecord(str(tmp_path / "link"))
+
+
+def test_publish_reports_the_path_and_leaves_no_temp_file(tmp_path) -> None:
+    missing = str(tmp_path / "no-such-dir")
+    with pytest.raises(FsdistError, match="no-such-dir"):
+        publish(missing, "x", [b"data"])
+
+
+def test_every_dtype_round_trips(tmp_path) -> None:
+    for dtype in message.DTYPE_CODE:
+        if dtype.is_floating_point or dtype.is_complex:
+            tensor = (
+                torch.randn(3, 4, dtype=torch.float64).to(dtype)
+                if not dtype.is_complex
+                else torch.randn(3, 4, dtype=dtype)
+            )
+        elif dtype == torch.bool:
+            tensor = torch.tensor([[True, False], [False, True]])
+        else:
+            tensor = torch.arange(12).to(dtype).reshape(3, 4)
+        path = publish(str(tmp_path), "m", message.encode(7, -3, "d", [tensor]))
+        with message.Message(path) as msg:
+            assert (msg.seq, msg.tag, msg.parts[0].dtype, msg.parts[0].shape) == (7, -3, dtype, tuple(tensor.shape))
+            out = torch.empty_like(tensor)
+            msg.read_into(0, out)
+            assert out.view(torch.uint8).equal(tensor.view(torch.uint8))
+
+
+def test_header_layout_is_little_endian_and_fixed(tmp_path) -> None:
+    path = publish(str(tmp_path), "m", message.encode(5, 9, "ab", [torch.zeros(2, dtype=torch.int32)]))
+    raw = open(path, "rb").read()
+    magic, version, nparts, seq, tag = struct.unpack_from("<4sHHqq", raw)
+    assert (magic, version, nparts, seq, tag) == (b"FSDM", 1, 1, 5, 9)

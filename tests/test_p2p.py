@@ -1,0 +1,41 @@
+"""send/recv, isend/irecv, tags, any-source and batch exchange over world sizes 1–4."""
+
+from __future__ import annotations
+
+import pytest
+
+import cases_p2p as cases
+from harness import RankPool
+
+WORLDS = [2, 3, 4]
+
+
+def _no_failures(results: list[list[str]]) -> None:
+    failures = [f"rank {r}: {f}" for r, fs in enumerate(results) for f in fs]
+    assert not failures, "\n".join(failures[:40])
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize(
+    "case",
+    [cases.ring_every_dtype_and_shape, cases.tags_and_order, cases.any_source, cases.irecv_does_not_block_collectives,
+     cases.batch_exchange, cases.bad_peers],
+    ids=lambda f: f.__name__,
+)  # fmt: skip
+def test_p2p(pool_factory, case, world: int) -> None:
+    _no_failures(pool_factory(world).run(case))
+
+
+def test_irecv_alone_in_world_of_one(pool_factory) -> None:
+    _no_failures(pool_factory(1).run(cases.irecv_does_not_block_collectives))
+
+
+def test_mismatched_recv_is_a_clear_error() -> None:
+    pool = RankPool(2, group_timeout=20)
+    try:
+        results = pool.run(cases.mismatched_recv, "x")
+    finally:
+        pool.kill()
+    assert results[0] == "sent"
+    assert results[1].startswith("DesyncError"), results[1]
+    assert "float32 [4]" in results[1] and "int64 [5]" in results[1], results[1]

@@ -1,0 +1,82 @@
+"""Port-free rendezvous: URL and env forms, fresh generations, refusing a live second job."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+
+import pytest
+
+from fsdist.errors import RendezvousError
+from fsdist.rendezvous import RENDEZVOUS_FILE, parse_url, rendezvous
+
+import cases_init as cases
+from harness import RankPool
+
+
+def _run_unjoined(world: int, function, per_rank_args, deaths_expected: bool = False, env=None):
+    pool = RankPool(world, init=False, env=env)
+    try:
+        return pool.run_each(function, per_rank_args, deaths_expected=deaths_expected)
+    finally:
+        pool.kill()
+
+
+def test_parse_url_and_env_fallbacks(monkeypatch, tmp_path) -> None:
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "FSDIST_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    assert parse_url(f"fsdist://{tmp_path}?rank=1&world_size=3") == (str(tmp_path), 1, 3)
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("FSDIST_DIR", str(tmp_path))
+    assert parse_url("fsdist://") == (str(tmp_path), 2, 4)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert parse_url("fsdist://") == (str(tmp_path), 0, 2)  # RANK/WORLD_SIZE win over SLURM's
+    monkeypatch.delenv("FSDIST_DIR")
+    with pytest.raises(RendezvousError, match="FSDIST_DIR"):
+        parse_url("fsdist://")
+
+
+def test_env_init(tmp_path) -> None:
+    envs = [{"FSDIST_DIR": str(tmp_path), "RANK": str(r), "WORLD_SIZE": "3"} for r in range(3)]
+    assert _run_unjoined(3, cases.init_by_env_and_reduce, [("fsdist://", e) for e in envs]) == [6.0] * 3
+
+
+def test_slurm_init(tmp_path) -> None:
+    envs = [{"SLURM_PROCID": str(r), "SLURM_NTASKS": "2"} for r in range(2)]
+    assert _run_unjoined(2, cases.init_by_env_and_reduce, [(f"fsdist://{tmp_path}", e) for e in envs]) == [3.0] * 2
+
+
+def test_two_jobs_in_a_row_in_one_directory(tmp_path) -> None:
+    results = _run_unjoined(2, cases.init_twice, [(str(tmp_path), r, 2) for r in range(2)])
+    assert results == [[2.0, 2.0]] * 2
+    assert os.listdir(tmp_path) == [RENDEZVOUS_FILE]
+    assert (tmp_path / RENDEZVOUS_FILE).read_bytes() == b""
+
+
+def test_crashed_run_does_not_poison_the_next(tmp_path) -> None:
+    with pytest.raises(Exception):  # noqa: B017 - rank 0 dies; ranks 1-3 then fail: that is the point
+        _run_unjoined(4, cases.crash_mid_collective, [(str(tmp_path), r, 4) for r in range(4)], deaths_expected=True)
+    assert any(n.startswith("gen-") for n in os.listdir(tmp_path)), "the crash should have left files"
+    values = _run_unjoined(4, cases.init_twice, [(str(tmp_path), r, 4) for r in range(4)])
+    assert values == [[4.0, 4.0]] * 4
+    assert os.listdir(tmp_path) == [RENDEZVOUS_FILE]
+
+
+def test_a_second_live_job_is_refused(pool_factory) -> None:
+    pool = pool_factory(2)
+    with pytest.raises(RendezvousError, match="another job is running"):
+        rendezvous(pool.directory, 0, 2, timedelta(seconds=5))
+
+
+def test_foreign_rendezvous_file_is_a_clear_error(tmp_path) -> None:
+    (tmp_path / RENDEZVOUS_FILE).write_text(json.dumps({"hello": 1}))
+    with pytest.raises(RendezvousError, match="unknown format"):
+        rendezvous(str(tmp_path), 0, 1, timedelta(seconds=5))
+
+
+def test_bad_rank_is_refused(tmp_path) -> None:
+    with pytest.raises(RendezvousError, match="outside"):
+        rendezvous(str(tmp_path), 3, 2)
