@@ -160,7 +160,10 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         def run(s: Staging) -> None:
             chunks = [s.output(out).view(-1).chunk(self.size()) if out.numel() else None for out in outputs]
             by_rank = [
-                [c[r] if c is not None else torch.empty(0, dtype=x.dtype) for c, x in zip(chunks, inputs, strict=True)]
+                [
+                    c[r].view(x.shape) if c is not None else x.new_empty(x.shape)
+                    for c, x in zip(chunks, inputs, strict=True)
+                ]
                 for r in range(self.size())
             ]
             coll.all_gather(self._t, by_rank, [s.input(x) for x in inputs])
@@ -232,7 +235,10 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         desc = describe(name, outputs, reduction=reduction)
 
         def run(s: Staging) -> None:
-            pieces = [_split_even(s.input(x), self.size()) for x in inputs]
+            pieces = [
+                [p.view(o.shape) for p in _split_even(s.input(x), self.size())]
+                for x, o in zip(inputs, outputs, strict=True)
+            ]
             coll.reduce_scatter(self._t, [s.output(o) for o in outputs], pieces, reduction)
 
         return self._submit(desc, list(outputs), run)
@@ -329,7 +335,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def _check_peer(self, peer: int, verb: str) -> None:
         if not 0 <= peer < self.size():
-            raise ValueError(f"cannot {verb} rank {peer}: the group has ranks 0..{self.size() - 1}")
+            raise ValueError(f"cannot {verb} rank {peer}: it is outside the group's ranks 0..{self.size() - 1}")
         if peer == self.rank():
             raise ValueError(f"rank {peer} cannot {verb} itself")
 

@@ -23,7 +23,7 @@ from .waiting import Deadline
 __all__ = ["Mailbox", "PendingReceive"]
 
 
-@dataclass
+@dataclass(eq=False)
 class PendingReceive:
     """One posted receive: where from (None: any source), which tag, into which tensors."""
 
@@ -44,6 +44,16 @@ class Mailbox:
         self._consumed_ahead: list[set[int]] = [set() for _ in range(size)]
         self._tags: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
+        self._snapshot: dict[int, int] = {}
+
+    def begin_pass(self) -> None:
+        """Start a matching pass over the posted receives.
+
+        Within a pass every receive sees the same arrived messages. Otherwise a message arriving
+        mid-pass could go to a later receive although an earlier one (same source and tag) was
+        tried just before it arrived, breaking the non-overtaking rule.
+        """
+        self._snapshot.clear()
 
     def try_receive(self, receive: PendingReceive) -> bool:
         """Match and complete ``receive`` if a message for it has arrived; True if it did."""
@@ -66,7 +76,9 @@ class Mailbox:
     def _find(self, source: int, tag: int) -> int | None:
         if source == self._t.rank:
             return None
-        available = self._t.sent_to_me(source)
+        if source not in self._snapshot:
+            self._snapshot[source] = self._t.sent_to_me(source)
+        available = self._snapshot[source]
         for index in range(self._first_unconsumed[source], available):
             if index in self._consumed_ahead[source]:
                 continue

@@ -164,6 +164,7 @@ class ReceiveLoop:
                 if not self._pending and self._closing:
                     return
                 pending = list(self._pending)
+            self._mailbox.begin_pass()
             progressed = False
             for work, receive in pending:
                 try:
@@ -173,7 +174,7 @@ class ReceiveLoop:
                 except BaseException as exc:  # noqa: BLE001 - reported to the waiter
                     error = exc
                 with self._cond:
-                    self._pending.remove((work, receive))
+                    self._pending = [item for item in self._pending if item[0] is not work]
                 work.complete(error, receive.matched_source)
                 progressed = True
             if progressed:

@@ -146,10 +146,10 @@ def reduce_scatter(op: str, dtype_name: str) -> Result:
                 torch.cat([make_input(seed * 31 + k, r, shape, dtype, op).reshape(-1) for k in range(world)])
                 for r in range(world)
             ]
-            output = torch.empty(shape, dtype=dtype).reshape(-1)
+            output = torch.empty(shape, dtype=dtype)  # N-d output, flat input: sizes are what must match
             work = dist.reduce_scatter_tensor(output, inputs[rank], op=reduce_op(op), async_op=async_op)
             n = output.numel()
-            expected = reduce_reference([inputs[r][rank * n : (rank + 1) * n] for r in range(world)], op)
+            expected = reduce_reference([inputs[r][rank * n : (rank + 1) * n].view(shape) for r in range(world)], op)
             return [work], lambda: [("tensor", output, expected)]
 
         _run_trials(label, issue_list, result)

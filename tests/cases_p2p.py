@@ -127,14 +127,21 @@ def bad_peers() -> list[str]:
     """Sending to oneself or to a rank outside the group is a clear error, and loses nothing."""
     rank, world = dist.get_rank(), dist.get_world_size()
     failures = []
-    for peer, words in [(rank, "itself"), (world + 3, "")]:
-        try:
-            dist.send(torch.zeros(1), peer)
-        except (ValueError, RuntimeError) as exc:
-            if words and words not in str(exc):
-                failures.append(f"send to {peer}: unclear error {exc}")
-        else:
-            failures.append(f"send to {peer} did not raise")
+    group = dist.distributed_c10d._get_default_group()
+    for peer, words in [(rank, "itself"), (world + 3, "outside"), (-1, "outside")]:
+        # torch's front door checks some of these itself; the backend must too (direct callers)
+        for via, call in [
+            ("dist.send", lambda: dist.send(torch.zeros(1), peer)),
+            ("pg.send", lambda: group.send([torch.zeros(1)], peer, 0)),
+            ("pg.recv", lambda: group.recv([torch.zeros(1)], peer, 0)),
+        ]:
+            try:
+                call()
+            except (ValueError, RuntimeError) as exc:
+                if via.startswith("pg") and words not in str(exc):
+                    failures.append(f"{via} to {peer}: unclear error {exc}")
+            else:
+                failures.append(f"{via} to {peer} did not raise")
     dist.barrier()
     return failures
 
