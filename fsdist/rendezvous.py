@@ -30,13 +30,13 @@ from .defaults import DEFAULT_TIMEOUT, ENV_DIR
 from .errors import RendezvousError
 from .fileio import make_private_dir, remove_tree
 from .liveness import Identity, is_alive, this_process
-from .locked_record import Counter, LockedRecord
+from .locked_record import LockedRecord
 from .store import DirectoryStore
 from .waiting import Deadline, poll
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RENDEZVOUS_FILE", "Generation", "fsdist_rendezvous_handler", "rendezvous"]
+__all__ = ["RENDEZVOUS_FILE", "Generation", "clean", "fsdist_rendezvous_handler", "rendezvous"]
 
 RENDEZVOUS_FILE = "fsdist-rendezvous.json"
 _FORMAT = 1
@@ -54,18 +54,25 @@ class Generation:
     members: list[Identity]
 
     def leave(self) -> None:
-        """Called once per rank at shutdown; the last rank out removes the generation's files."""
+        """Mark this rank as gone; the last rank out removes the generation and empties the file.
+
+        Leaving is recorded in the rendezvous file itself, so a rank that starts the next job
+        while its peers are still shutting down sees a job that is ending, not a live one.
+        """
         LIVE_STORES[:] = [s for s in LIVE_STORES if s.generation is not self]
-        closed = Counter(os.path.join(self.directory, "closed"))
-        try:
-            last = closed.add(1) == self.world_size
-        finally:
-            closed.close()
-        if not last:
-            return
-        remove_tree(self.directory)
+
+        def mark(old: bytes) -> bytes | None:
+            state = _parse(old)
+            if state.get("generation") != self.generation_id:
+                return None  # already replaced (we were presumed dead): nothing of ours is left
+            state["members"][str(self.rank)]["left"] = True
+            if all(m.get("left") for m in state["members"].values()):
+                remove_tree(self.directory)
+                return b""
+            return json.dumps(state).encode()
+
         with LockedRecord(os.path.join(self.root, RENDEZVOUS_FILE)) as record:
-            record.update(lambda old: b"" if _parse(old).get("generation") == self.generation_id else None)
+            record.update(mark)
 
 
 def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAULT_TIMEOUT) -> Generation:
@@ -83,7 +90,10 @@ def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAU
             state = _parse(old)
             if state and state["members"].get(str(rank), {}).get("nonce") == me["nonce"]:
                 return None  # already a member: just watching the generation fill up
-            if _replaceable(state, rank, world_size, me):
+            verdict = _judge(state, rank, world_size, me)
+            if verdict == "wait":
+                return None  # the previous job is shutting down: let it finish
+            if verdict == "replace":
                 state = _new_generation(root, world_size, previous=state)
             state["members"][str(rank)] = me
             state["complete"] = len(state["members"]) == world_size
@@ -91,7 +101,8 @@ def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAU
 
         def formed() -> dict[str, Any] | None:
             record.update(join)
-            return state if state["complete"] else None
+            mine = state.get("members", {}).get(str(rank), {}).get("nonce") == me["nonce"]
+            return state if mine and state["complete"] else None
 
         deadline = Deadline(timeout.total_seconds())
         final = poll(
@@ -111,6 +122,33 @@ def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAU
     return Generation(root, final["generation"], directory, rank, world_size, members)
 
 
+def clean(root: str) -> list[str]:
+    """Remove every generation a dead job left in ``root``; refuse while a member is alive here."""
+    removed: list[str] = []
+    path = os.path.join(root, RENDEZVOUS_FILE)
+    if not os.path.exists(path):
+        return removed
+    with LockedRecord(path) as record:
+
+        def wipe(old: bytes) -> bytes:
+            state = _parse(old)
+            for member in state.get("members", {}).values():
+                who = Identity.from_json(member)
+                if is_alive(who):
+                    raise RendezvousError(
+                        f"a job is alive in {root} (pid {who.pid} on {who.host}, generation {state['generation']}); "
+                        "stop it before cleaning"
+                    )
+            for name in os.listdir(root):
+                if name.startswith("gen-"):
+                    remove_tree(os.path.join(root, name))
+                    removed.append(name)
+            return b""
+
+        record.update(wipe)
+    return removed
+
+
 def _parse(raw: bytes) -> dict[str, Any]:
     if not raw:
         return {}
@@ -123,24 +161,29 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return state
 
 
-def _replaceable(state: dict[str, Any], rank: int, world_size: int, me: dict[str, Any]) -> bool:
-    """Decide (under the lock) whether the recorded generation is dead and may be replaced."""
+def _judge(state: dict[str, Any], rank: int, world_size: int, me: dict[str, Any]) -> str:
+    """Decide under the lock what to do with the recorded generation: "join", "replace" or "wait".
+
+    Raises RendezvousError for a second live job in the same directory.
+    """
     if not state:
-        return True
+        return "replace"
     members = {int(r): m for r, m in state["members"].items()}
-    alive = {r: m for r, m in members.items() if is_alive(Identity.from_json(m)) and m["nonce"] != me["nonce"]}
     holder = members.get(rank)
-    if state["complete"] or state["world_size"] != world_size or (holder and holder["nonce"] != me["nonce"]):
-        if alive:
-            r, m = next(iter(alive.items()))
-            why = "is running" if state["complete"] else "is forming"
-            raise RendezvousError(
-                f"another job {why} in this directory (generation {state['generation']}, world size "
-                f"{state['world_size']}; rank {r} is pid {m['pid']} on {m['host']}). Use another directory, "
-                "or stop that job"
-            )
-        return True
-    return False
+    if not (state["complete"] or state["world_size"] != world_size or holder):
+        return "join"
+    staying = {r: m for r, m in members.items() if not m.get("left") and is_alive(Identity.from_json(m))}
+    if not staying:
+        return "replace"  # every member left or died: the generation is over
+    if any(m.get("left") for m in members.values()):
+        return "wait"  # a job that is shutting down: its last members are leaving
+    r, m = next(iter(staying.items()))
+    why = "is running" if state["complete"] else "is forming"
+    raise RendezvousError(
+        f"another job {why} in this directory (generation {state['generation']}, world size "
+        f"{state['world_size']}; rank {r} is pid {m['pid']} on {m['host']}). Use another directory, "
+        "or stop that job"
+    )
 
 
 def _new_generation(root: str, world_size: int, previous: dict[str, Any]) -> dict[str, Any]:

@@ -157,3 +157,25 @@ def mismatched_recv(role: str) -> str:
     except Exception as exc:  # noqa: BLE001 - the error text is what is checked
         return f"{type(exc).__name__}: {exc}"
     return "no error"
+
+
+def sends_are_buffered() -> list[str]:
+    """Every rank sends to every other rank, then meets them in a barrier, then receives.
+
+    If a send waited for its receiver this would deadlock: the receives come after the barrier.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for peer in range(world):
+        if peer != rank:
+            for k in range(3):
+                dist.send(torch.tensor([rank * 100.0 + k]), peer)
+    dist.barrier()
+    failures = []
+    for peer in range(world):
+        if peer != rank:
+            for k in range(3):
+                got = torch.zeros(1)
+                dist.recv(got, peer)
+                if got.item() != peer * 100.0 + k:
+                    failures.append(f"from {peer} #{k}: {got.item()}")
+    return failures

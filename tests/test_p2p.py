@@ -19,7 +19,7 @@ def _no_failures(results: list[list[str]]) -> None:
 @pytest.mark.parametrize(
     "case",
     [cases.ring_every_dtype_and_shape, cases.tags_and_order, cases.any_source, cases.irecv_does_not_block_collectives,
-     cases.batch_exchange, cases.bad_peers],
+     cases.batch_exchange, cases.bad_peers, cases.sends_are_buffered],
     ids=lambda f: f.__name__,
 )  # fmt: skip
 def test_p2p(pool_factory, case, world: int) -> None:

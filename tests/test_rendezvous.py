@@ -80,3 +80,16 @@ def test_foreign_rendezvous_file_is_a_clear_error(tmp_path) -> None:
 def test_bad_rank_is_refused(tmp_path) -> None:
     with pytest.raises(RendezvousError, match="outside"):
         rendezvous(str(tmp_path), 3, 2)
+
+
+def test_clean_removes_a_crashed_run_and_refuses_a_live_one(pool_factory, tmp_path) -> None:
+    from fsdist.cli import main
+
+    with pytest.raises(Exception):  # noqa: B017 - rank 0 dies; the others fail
+        _run_unjoined(2, cases.crash_mid_collective, [(str(tmp_path), r, 2) for r in range(2)], deaths_expected=True)
+    assert any(n.startswith("gen-") for n in os.listdir(tmp_path))
+    assert main(["clean", str(tmp_path)]) == 0
+    assert os.listdir(tmp_path) == [RENDEZVOUS_FILE]
+    live = pool_factory(2)
+    assert main(["clean", live.directory]) == 1  # refused: that job is alive
+    assert any(n.startswith("gen-") for n in os.listdir(live.directory))

@@ -1,0 +1,35 @@
+"""``python -m fsdist`` (or ``fsdist``): command-line tools around a run directory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ._version import __version__
+from .errors import RendezvousError
+from .rendezvous import clean
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fsdist", description="fsdist: torch.distributed over a shared directory")
+    parser.add_argument("--version", action="version", version=f"fsdist {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    clean_cmd = commands.add_parser(
+        "clean", help="remove what a crashed run left in DIR (refuses while a run there is alive)"
+    )
+    clean_cmd.add_argument("directory", metavar="DIR")
+    args = parser.parse_args(argv)
+    if args.command == "clean":
+        try:
+            removed = clean(args.directory)
+        except RendezvousError as exc:
+            print(f"fsdist clean: {exc}", file=sys.stderr)
+            return 1
+        print(f"fsdist clean: removed {len(removed)} generation(s) from {args.directory}")
+        return 0
+    return 2  # pragma: no cover - argparse rejects unknown commands first
+
+
+if __name__ == "__main__":
+    sys.exit(main())

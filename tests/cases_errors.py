@@ -1,0 +1,62 @@
+"""Failure cases run inside rank processes: each returns the error it saw, as text."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def _error_text(call) -> str:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the error text is what the test checks
+        return f"{type(exc).__name__}: {exc}"
+    return "no error"
+
+
+def one_rank_skips_all_reduce() -> str:
+    """Rank 1 never calls the all_reduce; rank 0 must time out with a message that says where."""
+    if dist.get_rank() == 1:
+        time.sleep(5)
+        return "skipped"
+    return _error_text(lambda: dist.all_reduce(torch.ones(3)))
+
+
+def shapes_disagree() -> str:
+    """Rank 0 reduces 12 elements, the others 10: every rank must say so, showing both sides."""
+    n = 12 if dist.get_rank() == 0 else 10
+    return _error_text(lambda: dist.all_reduce(torch.ones(n)))
+
+
+def ops_disagree(async_op: bool) -> list[str]:
+    """Rank 0 calls all_gather where the others call all_reduce; then a later call on the broken group."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    def call() -> None:
+        if rank == 0:
+            work = dist.all_gather([torch.zeros(4) for _ in range(world)], torch.ones(4), async_op=async_op)
+        else:
+            work = dist.all_reduce(torch.ones(4), async_op=async_op)
+        if async_op:
+            try:
+                work.get_future().wait()
+            except Exception:  # noqa: BLE001 - the future must fail too; wait() then raises
+                pass
+            work.wait()
+
+    first = _error_text(call)
+    later = _error_text(lambda: dist.all_reduce(torch.ones(1)))
+    return [first, later]
+
+
+def peer_dies_during_all_reduce() -> str:
+    """Rank 1 dies; rank 0, waiting in all_reduce, must name it (long before the group timeout)."""
+    if dist.get_rank() == 1:
+        time.sleep(0.5)
+        os._exit(9)
+    start = time.monotonic()
+    text = _error_text(lambda: dist.all_reduce(torch.ones(3)))
+    return f"{text} [after {time.monotonic() - start:.2f} s]"

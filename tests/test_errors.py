@@ -1,0 +1,49 @@
+"""Failures are loud and specific: timeouts, desyncs and dead peers name rank, op and sequence."""
+
+from __future__ import annotations
+
+import re
+
+import cases_errors as cases
+from harness import RankPool
+
+
+def _run(world: int, case, *args, group_timeout: float = 60, deaths_expected: bool = False):
+    pool = RankPool(world, group_timeout=group_timeout)
+    try:
+        return pool.run_each(case, [args] * world, timeout=40, deaths_expected=deaths_expected)
+    finally:
+        pool.kill()
+
+
+def test_timeout_names_rank_op_sequence_and_the_missing_peer() -> None:
+    results = _run(2, cases.one_rank_skips_all_reduce, group_timeout=2)
+    assert results[1] == "skipped"
+    text = results[0]
+    assert text.startswith("FsdistTimeoutError"), text
+    for needle in ("rank 0", "all_reduce SUM float32[3]", "operation #1", "rank 1", "state.r1"):
+        assert needle in text, f"{needle!r} missing from: {text}"
+
+
+def test_shape_mismatch_is_reported_on_every_rank_with_both_sides() -> None:
+    results = _run(3, cases.shapes_disagree)
+    for rank, text in enumerate(results):
+        assert text.startswith(("DesyncError", "PeerFailedError")), f"rank {rank}: {text}"
+        assert "float32[12]" in text and "float32[10]" in text, f"rank {rank}: {text}"
+
+
+def test_different_collectives_fail_on_every_rank_sync_and_async() -> None:
+    for async_op in (False, True):
+        results = _run(2, cases.ops_disagree, async_op)
+        for rank, (first, later) in enumerate(results):
+            assert re.match(r"(DesyncError|PeerFailedError)", first), f"rank {rank}: {first}"
+            assert "all_gather" in first and "all_reduce" in first, f"rank {rank}: {first}"
+            assert later.startswith(("GroupBrokenError", "PeerFailedError")), f"rank {rank}: {later}"
+
+
+def test_dead_peer_is_named_long_before_the_timeout() -> None:
+    # group timeout 60 s, case deadline 40 s: only dead-peer detection can pass this
+    results = _run(2, cases.peer_dies_during_all_reduce, deaths_expected=True)
+    text = results[0]
+    assert text.startswith("PeerFailedError"), text
+    assert "rank 1" in text and "died" in text, text
