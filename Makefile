@@ -1,11 +1,14 @@
 # Everyday commands. `make demo` and `make test` are the README's two commands.
-.PHONY: demo test clean
+.PHONY: demo test lint clean
 
 demo:
 	scripts/demo.sh
 
 test:
 	scripts/test.sh
+
+lint:
+	scripts/lint.sh
 
 clean:
 	rm -rf .venv build dist *.egg-info
