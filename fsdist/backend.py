@@ -53,7 +53,11 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self._timeout = timeout
         self._group_name = group_id
         self._group_desc = ""
-        directory = os.path.join(generation.directory, "groups", key_to_filename(group_id))
+        # torch may give a re-created group the name of a destroyed one; the incarnation count
+        # (the same on every member, which create groups in the same order) keeps them apart
+        incarnation = generation.incarnations.get(group_id, 0)
+        generation.incarnations[group_id] = incarnation + 1
+        directory = os.path.join(generation.directory, "groups", f"{key_to_filename(group_id)}.{incarnation}")
         members = [generation.members[g] for g in global_ranks]
         self._t = GroupTransport(directory, rank, size, members, timeout.total_seconds())
         self._seq = 0
@@ -300,8 +304,12 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return self._post_receive(tensors, None, tag)
 
     def _post_receive(self, tensors: Tensors, src: int | None, tag: int) -> FsdistWork:
-        if self._receives is None:
-            self._receives = ReceiveLoop(f"g{self._group_name}-r{self.rank()}", Mailbox(self._t), self._t.check_health)
+        with self._seq_lock:
+            if self._closed:
+                raise FsdistError(f"rank {self.rank()}: recv called on a process group that was shut down")
+            if self._receives is None:
+                name = f"g{self._group_name}-r{self.rank()}"
+                self._receives = ReceiveLoop(name, Mailbox(self._t), self._t.check_health)
         staging = Staging()
         hosts = [staging.output(x) for x in tensors]
         work = _StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)
@@ -314,7 +322,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         """Finish queued work, then leave; the last rank out removes the group's files."""
         if self._closed:
             return
-        self._closed = True
+        with self._seq_lock:
+            self._closed = True
         self._queue.close()
         if self._receives is not None:
             self._receives.close()

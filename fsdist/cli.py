@@ -19,10 +19,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "clean", help="remove what a crashed run left in DIR (refuses while a run there is alive)"
     )
     clean_cmd.add_argument("directory", metavar="DIR")
+    clean_cmd.add_argument(
+        "--force", action="store_true", help="also remove a job whose members run on other hosts (cannot be checked)"
+    )
     args = parser.parse_args(argv)
     if args.command == "clean":
         try:
-            removed = clean(args.directory)
+            removed = clean(args.directory, force=args.force)
         except RendezvousError as exc:
             print(f"fsdist clean: {exc}", file=sys.stderr)
             return 1

@@ -23,6 +23,11 @@ HEALTH_CHECK_SECONDS = 0.1
 #: A rank deletes its own collective files once every peer has moved past them; it checks at
 #: most every this many collectives, so the directory holds a bounded number of files.
 GC_EVERY = 8
+#: A rank that never waits (a broadcast root, a reduce non-root) stops this many operations
+#: ahead of its slowest peer until that peer catches up: its unread files stay bounded.
+RUN_AHEAD = 64
+#: Sends are buffered, up to this many messages per destination not yet received.
+MAX_UNRECEIVED_SENDS = 256
 
 #: Messages bigger than this use the slice-parallel all_reduce (reduce-scatter + all-gather
 #: through files); smaller ones use one round where every rank reads every input.

@@ -5,20 +5,52 @@ releasing it flushes writes, so a record read under the lock is coherent across 
 local filesystems the lock costs ~1.5 µs. The descriptor stays open: opening a file per access
 (as ``filelock`` does) costs ~100 µs.
 
-fcntl locks belong to the process, not the thread, and one thread's unlock drops the lock of
-every other thread. A threading lock around each locked section keeps threads of one process
-from undoing each other's protection.
+Open-file-description (OFD) locks, not classic POSIX ``lockf`` locks, where the kernel has them
+(Linux ≥ 3.15). POSIX locks belong to the whole process: two threads of one process holding
+and waiting for locks on two files look like a deadlock cycle to the kernel, which then fails
+one of them with EDEADLK, and closing *any* descriptor of a file drops every lock the process
+holds on it. OFD locks belong to the open file: no false deadlocks, and two records on one
+file in one process exclude each other like two processes would. Both kinds conflict with each
+other, so a peer on a system without OFD locks still interoperates. A threading lock per
+record serialises the threads that share its descriptor.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable
 
 from .fileio import open_file, retrying
+
+_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", None)
+_FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: type, whence, start, len, pid (0 for OFD)
+_SHARED, _EXCLUSIVE, _UNLOCK = fcntl.F_RDLCK, fcntl.F_WRLCK, fcntl.F_UNLCK
+
+
+def _lock(fd: int, kind: int) -> None:
+    """Lock (or unlock) the whole file: an OFD lock where available, else a POSIX one."""
+    global _OFD_SETLKW
+    while True:
+        try:
+            if _OFD_SETLKW is not None:
+                fcntl.fcntl(fd, _OFD_SETLKW, _FLOCK.pack(kind, os.SEEK_SET, 0, 0, 0))
+            else:
+                posix = {_SHARED: fcntl.LOCK_SH, _EXCLUSIVE: fcntl.LOCK_EX, _UNLOCK: fcntl.LOCK_UN}[kind]
+                fcntl.lockf(fd, posix)
+            return
+        except OSError as exc:
+            if exc.errno == errno.EINVAL and _OFD_SETLKW is not None:
+                _OFD_SETLKW = None  # this kernel or filesystem has no OFD locks: POSIX locks then
+            elif exc.errno in (errno.EINTR, errno.EDEADLK):  # EDEADLK: POSIX locks' false cycles
+                time.sleep(1e-4)
+            else:
+                raise
+
 
 __all__ = ["Counter", "LockedRecord"]
 
@@ -35,20 +67,20 @@ class LockedRecord:
     def read(self, offset: int = 0, size: int | None = None) -> bytes:
         """Read ``size`` bytes (or to the end) at ``offset`` under a shared lock."""
         with self._thread_lock:
-            fcntl.lockf(self._fd, fcntl.LOCK_SH)
+            _lock(self._fd, _SHARED)
             try:
                 return self._read_unlocked(offset, size)
             finally:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+                _lock(self._fd, _UNLOCK)
 
     def write(self, data: bytes, offset: int = 0) -> None:
         """Overwrite ``len(data)`` bytes at ``offset`` under an exclusive lock."""
         with self._thread_lock:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX)
+            _lock(self._fd, _EXCLUSIVE)
             try:
                 self._write_unlocked(data, offset)
             finally:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+                _lock(self._fd, _UNLOCK)
 
     def update(self, change: Callable[[bytes], bytes | None]) -> bytes:
         """Replace the whole content with ``change(old)`` atomically; ``None`` keeps it.
@@ -56,7 +88,7 @@ class LockedRecord:
         Returns the content in force afterwards. This is the compare-and-set building block.
         """
         with self._thread_lock:
-            fcntl.lockf(self._fd, fcntl.LOCK_EX)
+            _lock(self._fd, _EXCLUSIVE)
             try:
                 old = self._read_unlocked(0, None)
                 new = change(old)
@@ -67,7 +99,7 @@ class LockedRecord:
                     retrying(lambda: os.ftruncate(self._fd, len(new)))
                 return new
             finally:
-                fcntl.lockf(self._fd, fcntl.LOCK_UN)
+                _lock(self._fd, _UNLOCK)
 
     def _read_unlocked(self, offset: int, size: int | None) -> bytes:
         if size is None:

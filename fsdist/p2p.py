@@ -41,6 +41,7 @@ class Mailbox:
         self._t = transport
         size = transport.size
         self._first_unconsumed = [0] * size
+        self._received = [0] * size
         self._consumed_ahead: list[set[int]] = [set() for _ in range(size)]
         self._tags: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
@@ -105,6 +106,8 @@ class Mailbox:
         while self._first_unconsumed[source] in consumed:
             consumed.remove(self._first_unconsumed[source])
             self._first_unconsumed[source] += 1
+        self._received[source] += 1
+        self._t.acknowledge(source, self._received[source])
 
     def _check_matches(
         self, source: int, index: int, parts: list[Any], description: str, tensors: Sequence[torch.Tensor]

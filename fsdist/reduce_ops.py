@@ -6,6 +6,8 @@ combination raises the same clear error on every rank instead of a hang.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -69,10 +71,26 @@ def check_supported(reduction: Reduction, dtype: torch.dtype) -> None:
         problem = "bool cannot be scaled"
     elif kind is ReduceKind.PREMUL_SUM and integral:
         problem = "PREMUL_SUM needs a floating-point or complex dtype"
-    if dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
-        problem = "float8 types have no CPU reduction kernels"
+    if problem is None:
+        problem = _kernel_problem(kind, dtype)
     if problem:
         raise ValueError(f"fsdist: reduce op {kind.name} is not supported for dtype {dtype}: {problem}")
+
+
+@functools.cache
+def _kernel_problem(kind: ReduceKind, dtype: torch.dtype) -> str | None:
+    """Try the op's kernels on one element: torch's CPU kernels miss some dtypes (uint16/32/64
+    cannot add, complex32 cannot divide, ...). Finding out here, before any communication,
+    beats failing in the middle of a collective on some ranks only."""
+    with warnings.catch_warnings():  # complex32 warns that it is experimental
+        warnings.simplefilter("ignore")
+        acc, other = torch.ones(1, dtype=dtype), torch.ones(1, dtype=dtype)
+    try:
+        combine_into(Reduction(kind, 1.0), acc, other)
+        finish(Reduction(kind, 1.0), acc, 2)
+    except (RuntimeError, NotImplementedError, TypeError) as exc:
+        return f"torch has no CPU kernel for it ({str(exc).splitlines()[0]})"
+    return None
 
 
 def combine_into(reduction: Reduction, acc: torch.Tensor, other: torch.Tensor) -> None:
@@ -95,4 +113,4 @@ def finish(reduction: Reduction, acc: torch.Tensor, world_size: int) -> None:
         factor = reduction.factor
         if factor is None:
             raise ValueError("PREMUL_SUM needs a factor")
-        acc.mul_(factor.to(acc.dtype) if isinstance(factor, torch.Tensor) else factor)
+        acc.mul_(factor.reshape(()).to(acc.dtype) if isinstance(factor, torch.Tensor) else factor)

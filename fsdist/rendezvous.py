@@ -22,7 +22,7 @@ import os
 import secrets
 import urllib.parse
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -52,6 +52,8 @@ class Generation:
     rank: int
     world_size: int
     members: list[Identity]
+    #: How many groups of each name this process has created (see ProcessGroupFsdist).
+    incarnations: dict[str, int] = field(default_factory=dict)
 
     def leave(self) -> None:
         """Mark this rank as gone; the last rank out removes the generation and empties the file.
@@ -122,8 +124,12 @@ def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAU
     return Generation(root, final["generation"], directory, rank, world_size, members)
 
 
-def clean(root: str) -> list[str]:
-    """Remove every generation a dead job left in ``root``; refuse while a member is alive here."""
+def clean(root: str, force: bool = False) -> list[str]:
+    """Remove every generation a dead job left in ``root``.
+
+    Refuses while a member is alive on this host, or (unless ``force``) runs on another host,
+    where this host cannot tell whether it is alive.
+    """
     removed: list[str] = []
     path = os.path.join(root, RENDEZVOUS_FILE)
     if not os.path.exists(path):
@@ -134,11 +140,14 @@ def clean(root: str) -> list[str]:
             state = _parse(old)
             for member in state.get("members", {}).values():
                 who = Identity.from_json(member)
-                if is_alive(who):
-                    raise RendezvousError(
-                        f"a job is alive in {root} (pid {who.pid} on {who.host}, generation {state['generation']}); "
-                        "stop it before cleaning"
-                    )
+                alive = is_alive(who)
+                if member.get("left") or alive is False or (alive is None and force):
+                    continue
+                hint = "stop it before cleaning" if alive else "use --force if that job is dead"
+                raise RendezvousError(
+                    f"a job may be alive in {root} (pid {who.pid} on {who.host}, generation "
+                    f"{state['generation']}): {hint}"
+                )
             for name in os.listdir(root):
                 if name.startswith("gen-"):
                     remove_tree(os.path.join(root, name))
@@ -170,9 +179,9 @@ def _judge(state: dict[str, Any], rank: int, world_size: int, me: dict[str, Any]
         return "replace"
     members = {int(r): m for r, m in state["members"].items()}
     holder = members.get(rank)
-    if not (state["complete"] or state["world_size"] != world_size or holder):
-        return "join"
-    staying = {r: m for r, m in members.items() if not m.get("left") and is_alive(Identity.from_json(m))}
+    if not state["complete"] and state["world_size"] == world_size and (holder is None or not _staying(holder)):
+        return "join"  # a free slot, or one whose holder died while the job was forming
+    staying = {r: m for r, m in members.items() if _staying(m)}
     if not staying:
         return "replace"  # every member left or died: the generation is over
     if any(m.get("left") for m in members.values()):
@@ -184,6 +193,12 @@ def _judge(state: dict[str, Any], rank: int, world_size: int, me: dict[str, Any]
         f"{state['world_size']}; rank {r} is pid {m['pid']} on {m['host']}). Use another directory, "
         "or stop that job"
     )
+
+
+def _staying(member: dict[str, Any]) -> bool:
+    """Not left, and not known to be dead. A process on another host cannot be checked from
+    here, so it counts as alive: never delete what a live job elsewhere may still be using."""
+    return not member.get("left") and is_alive(Identity.from_json(member)) is not False
 
 
 def _new_generation(root: str, world_size: int, previous: dict[str, Any]) -> dict[str, Any]:

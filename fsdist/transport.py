@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from . import message
-from .defaults import GC_EVERY
+from .defaults import GC_EVERY, MAX_UNRECEIVED_SENDS, RUN_AHEAD
 from .errors import DesyncError, FsdistTimeoutError, PeerFailedError
 from .fileio import make_private_dir, publish, remove_tree, unlink_quietly
 from .liveness import Identity, is_alive
@@ -78,6 +79,7 @@ class GroupTransport:
         self._flags = 0
         self._description = ""
         self._sent = [0] * size
+        self._send_lock = threading.Lock()
         self._peer_seq = [-1] * size
         self._published: deque[tuple[int, str]] = deque()
         self._write_state()
@@ -90,6 +92,19 @@ class GroupTransport:
         self._write_state()
         if seq % GC_EVERY == 0:
             self.collect_garbage()
+        if self._published and seq - self._published[0][0] > RUN_AHEAD:
+            self._wait_for_stragglers()
+
+    def _wait_for_stragglers(self) -> None:
+        """Block until the slowest peer is within RUN_AHEAD / 2 operations of this rank."""
+
+        def caught_up() -> bool | None:
+            self.collect_garbage()
+            return True if not self._published or self._seq - self._published[0][0] <= RUN_AHEAD // 2 else None
+
+        slowest = min((r for r in range(self.size) if r != self.rank), key=lambda r: self._peer_seq[r])
+        poll(caught_up, self._deadline(), lambda: self._timed_out(slowest, f"operation #{self._seq - RUN_AHEAD // 2}"),
+             lambda: self._check_health(slowest))  # fmt: skip
 
     def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
         """Publish this rank's message for (current seq, ``step``), then advance the record."""
@@ -140,7 +155,14 @@ class GroupTransport:
 
     def open_message(self, peer: int, step: int) -> message.Message:
         """Open ``peer``'s message for (current seq, ``step``); call ``wait_for`` first."""
-        msg = message.Message(os.path.join(self.directory, self._message_name(peer, self._seq, step)))
+        try:
+            msg = message.Message(os.path.join(self.directory, self._message_name(peer, self._seq, step)))
+        except FileNotFoundError:
+            # the peer went past this operation without publishing this step: it ran another one
+            state = self.peer_state(peer)
+            raise self._desync(
+                peer, f"(moved on to #{state.seq} '{state.description}' without publishing step {step})"
+            ) from None
         if msg.seq != self._seq or msg.description != self._description:
             msg.close()
             raise self._desync(peer, msg.description)
@@ -158,16 +180,41 @@ class GroupTransport:
 
     def send(self, dst: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> int:
         """Publish a message to ``dst`` (buffered: never waits for the receiver). Returns its index."""
-        index = self._sent[dst]
-        publish(self.directory, self._p2p_name(self.rank, dst, index), message.encode(index, tag, description, tensors))
-        self._sent[dst] = index + 1
-        self._records[self.rank].write(_P2P_SLOT.pack(index + 1), _P2P_OFFSET + _P2P_SLOT.size * dst)
+        with self._send_lock:  # threads sending at once must not take the same index
+            if self._sent[dst] >= MAX_UNRECEIVED_SENDS:
+                self._wait_for_receiver(dst)
+            index = self._sent[dst]
+            name = self._p2p_name(self.rank, dst, index)
+            publish(self.directory, name, message.encode(index, tag, description, tensors))
+            self._sent[dst] = index + 1
+            self._records[self.rank].write(_P2P_SLOT.pack(index + 1), self._sent_slot(dst))
         return index
 
     def sent_to_me(self, src: int) -> int:
         """How many messages ``src`` has sent to this rank so far."""
-        raw = self._records[src].read(_P2P_OFFSET + _P2P_SLOT.size * self.rank, _P2P_SLOT.size)
+        return self._read_slot(src, self._sent_slot(self.rank))
+
+    def acknowledge(self, src: int, received: int) -> None:
+        """Tell ``src`` that this rank has received ``received`` of its messages (its send cap)."""
+        self._records[self.rank].write(_P2P_SLOT.pack(received), self._received_slot(src))
+
+    def _wait_for_receiver(self, dst: int) -> None:
+        def room() -> bool | None:
+            received = self._read_slot(dst, self._received_slot(self.rank))
+            return True if self._sent[dst] - received < MAX_UNRECEIVED_SENDS else None
+
+        what = f"receives of this rank's sends (at most {MAX_UNRECEIVED_SENDS} may wait unreceived)"
+        poll(room, self._deadline(), lambda: self._timed_out(dst, what), lambda: self._check_health(dst))
+
+    def _read_slot(self, rank: int, offset: int) -> int:
+        raw = self._records[rank].read(offset, _P2P_SLOT.size)
         return _P2P_SLOT.unpack(raw)[0] if len(raw) == _P2P_SLOT.size else 0
+
+    def _sent_slot(self, dst: int) -> int:
+        return _P2P_OFFSET + _P2P_SLOT.size * dst
+
+    def _received_slot(self, src: int) -> int:
+        return _P2P_OFFSET + _P2P_SLOT.size * (self.size + src)
 
     def open_p2p(self, src: int, index: int) -> message.Message:
         return message.Message(os.path.join(self.directory, self._p2p_name(src, self.rank, index)))

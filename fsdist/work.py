@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .defaults import MAX_SLEEP_SECONDS
-from .errors import GroupBrokenError
+from .errors import FsdistError, FsdistTimeoutError, GroupBrokenError
 from .p2p import Mailbox, PendingReceive
 
 log = logging.getLogger(__name__)
@@ -49,17 +50,41 @@ class FsdistWork(dist.Work):
         self._done = threading.Event()
         self._error: BaseException | None = None
         self._source: int = -1
+        self._lock = threading.Lock()
+        self._completed = False
+        self._future_handed_out = False
 
     def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
-        """Called once by the worker thread when the operation ended."""
-        self._error = error
-        if source is not None:
-            self._source = source
-        self._done.set()
-        self._future.set_result(_Failed(error) if error else self._outputs)
+        """Record the outcome (the first call wins) and complete the future.
+
+        Callbacks attached through ``get_future().then`` run when the future completes. They
+        must not run on the group's worker thread: a callback that issues a collective and
+        waits for it (DDP's PowerSGD hook does) would wait for the very thread it blocks. So a
+        future that was handed out completes on a completion thread; one that was not (no
+        callback can be attached yet) completes at once, with no thread hop.
+        """
+        with self._lock:
+            if self._completed:
+                return
+            self._completed = True
+            self._error = error
+            if source is not None:
+                self._source = source
+            if not self._future_handed_out:
+                self._finish()
+                return
+        _completions().submit(self._finish)
+
+    def _finish(self) -> None:
+        try:
+            self._future.set_result(_Failed(self._error) if self._error else self._outputs)
+        finally:
+            self._done.set()
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        self._done.wait()
+        seconds = timeout.total_seconds() if timeout is not None and timeout.total_seconds() > 0 else None
+        if not self._done.wait(seconds):
+            raise FsdistTimeoutError(f"'{self.description}' did not finish within {seconds:.1f} s of wait()")
         if self._error is not None:
             raise self._error
         return True
@@ -84,10 +109,25 @@ class FsdistWork(dist.Work):
         return self._source
 
     def get_future(self) -> torch.futures.Future[Any]:
+        with self._lock:
+            self._future_handed_out = True
         return self._future.then(_unwrap)
 
     def synchronize(self) -> None:
         self.wait()
+
+
+_COMPLETIONS: ThreadPoolExecutor | None = None
+_COMPLETIONS_LOCK = threading.Lock()
+
+
+def _completions() -> ThreadPoolExecutor:
+    """Threads that complete futures: several, so a callback may wait on a later operation."""
+    global _COMPLETIONS
+    with _COMPLETIONS_LOCK:
+        if _COMPLETIONS is None:
+            _COMPLETIONS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fsdist-complete")
+        return _COMPLETIONS
 
 
 def _unwrap(future: torch.futures.Future[Any]) -> Any:
@@ -125,8 +165,11 @@ class OpQueue:
                 run()
             except BaseException as error:  # noqa: BLE001 - every error goes to the waiter
                 self.broken = error
-                self._on_error(error)
-                work.complete(error)
+                work.complete(error)  # first: the waiter must hear of it even if reporting fails
+                try:
+                    self._on_error(error)
+                except BaseException:  # e.g. ENOSPC while writing the abort marker
+                    log.exception("fsdist: could not report the failure of '%s' to peers", work.description)
             else:
                 work.complete()
 
@@ -196,7 +239,12 @@ class ReceiveLoop:
             work.complete(error)
 
     def close(self) -> None:
+        """Stop matching: receives still pending now can never complete, so they fail."""
         with self._cond:
             self._closing = True
+            pending, self._pending = self._pending, []
             self._cond.notify()
+        for work, receive in pending:
+            where = "any rank" if receive.source is None else f"rank {receive.source}"
+            work.complete(FsdistError(f"recv from {where} (tag {receive.tag}) never matched: the group was shut down"))
         self._thread.join(timeout=5)

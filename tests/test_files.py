@@ -126,3 +126,60 @@ def test_header_layout_is_little_endian_and_fixed(tmp_path) -> None:
     raw = open(path, "rb").read()
     magic, version, nparts, seq, tag = struct.unpack_from("<4sHHqq", raw)
     assert (magic, version, nparts, seq, tag) == (b"FSDM", 1, 1, 5, 9)
+
+
+def _cross_lock(me: str, other: str, directory: str, seconds: float) -> None:
+    """One thread writes this process's record while another reads the peer's (like a rank's
+    worker and receive threads): with process-wide POSIX locks the kernel sees false deadlocks."""
+    import threading
+    import time
+
+    mine, theirs = LockedRecord(os.path.join(directory, me)), LockedRecord(os.path.join(directory, other))
+    stop = time.monotonic() + seconds
+    errors: list[BaseException] = []
+
+    def loop(step) -> None:
+        while time.monotonic() < stop:
+            try:
+                step()
+            except OSError as exc:
+                errors.append(exc)
+                return
+
+    threads = [
+        threading.Thread(target=loop, args=(lambda: mine.write(b"x" * 64),)),
+        threading.Thread(target=loop, args=(lambda: theirs.read(0, 64),)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def test_threads_of_two_processes_never_see_false_deadlocks(tmp_path) -> None:
+    procs = [CTX.Process(target=_cross_lock, args=(a, b, str(tmp_path), 1.5)) for a, b in (("a", "b"), ("b", "a"))]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0]
+
+
+def test_two_records_on_one_file_in_one_process_exclude_each_other(tmp_path) -> None:
+    import threading
+
+    path = str(tmp_path / "c")
+    counters = [Counter(path), Counter(path)]  # two open file descriptions of one file
+
+    def bump(counter: Counter) -> None:
+        for _ in range(500):
+            counter.add(1)
+
+    threads = [threading.Thread(target=bump, args=(c,)) for c in counters]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert counters[0].get() == 1000
