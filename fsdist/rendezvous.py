@@ -97,6 +97,8 @@ def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAU
                 return None  # the previous job is shutting down: let it finish
             if verdict == "replace":
                 state = _new_generation(root, world_size, previous=state)
+            # members known dead can never take part: free their slots rather than count them
+            state["members"] = {r: m for r, m in state["members"].items() if _staying(m)}
             state["members"][str(rank)] = me
             state["complete"] = len(state["members"]) == world_size
             return json.dumps(state).encode()

@@ -337,3 +337,43 @@ def barrier_and_ordering() -> Result:
         expected = torch.full((5,), float(sum(range(world)) + world * i))
         _record(f"future[{i}]", [("", value[0], expected), ("", tensors[i], expected)], result)
     return result
+
+
+def callback_issues_a_collective() -> Result:
+    """A future callback that issues a collective and waits for it (as DDP's PowerSGD hook does)."""
+    world = dist.get_world_size()
+    result = _new_result()
+
+    def callback(fut: Any) -> torch.Tensor:
+        inner = torch.ones(2)
+        dist.all_reduce(inner, async_op=True).get_future().wait()
+        return fut.value()[0] + inner
+
+    t = torch.ones(2)
+    out = dist.all_reduce(t, async_op=True).get_future().then(callback).wait()
+    _record("callback", [("", out, torch.full((2,), 2.0 * world))], result)
+    return result
+
+
+def run_ahead_is_bounded() -> list[int]:
+    """Rank 0 broadcasts 300 times without waiting; the others start late. Rank 0's unread files
+    must stay bounded (it pauses RUN_AHEAD ops ahead), and every broadcast must arrive."""
+    import glob
+    import os
+    import time
+
+    from fsdist.defaults import RUN_AHEAD
+
+    rank = dist.get_rank()
+    if rank != 0:
+        time.sleep(1.0)
+    most = 0
+    for i in range(300):
+        t = torch.tensor([float(i)]) if rank == 0 else torch.zeros(1)
+        dist.broadcast(t, 0)
+        assert t.item() == i
+        if rank == 0 and i % 10 == 0:
+            group_dir = glob.glob(os.path.join(os.environ["FSDIST_TEST_DIR"], "gen-*", "groups", "*"))
+            most = max(most, sum(len(glob.glob(os.path.join(d, "m*.r0"))) for d in group_dir))
+    dist.barrier()
+    return [most, RUN_AHEAD]

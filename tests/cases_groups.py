@@ -71,3 +71,18 @@ def group_files_apart(root: str) -> list[str]:
     if dist.get_rank() in (0, 1):
         dist.destroy_process_group(g)
     return dirs
+
+
+def recreate_group() -> list[str]:
+    """Destroy a subgroup and make it again with the same ranks: torch may reuse its name."""
+    failures = []
+    for i in range(3):
+        g = dist.new_group([0, 1], use_local_synchronization=True) if dist.get_rank() in (0, 1) else None
+        if g is not None:
+            t = torch.tensor([float(i)])
+            dist.all_reduce(t, group=g)
+            if t.item() != 2.0 * i:
+                failures.append(f"round {i}: {t.item()}")
+            dist.destroy_process_group(g)
+    dist.barrier()
+    return failures

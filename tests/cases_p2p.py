@@ -179,3 +179,28 @@ def sends_are_buffered() -> list[str]:
                 if got.item() != peer * 100.0 + k:
                     failures.append(f"from {peer} #{k}: {got.item()}")
     return failures
+
+
+def send_cap(count: int) -> list[int]:
+    """Rank 0 sends `count` messages before rank 1 receives any: the sender must stop at the
+    cap of unreceived messages (files stay bounded) and go on once receives start."""
+    import glob
+    import os
+    import time
+
+    rank = dist.get_rank()
+    if rank == 0:
+        for i in range(count):
+            dist.send(torch.tensor([float(i)]), 1)
+        return []
+    if rank != 1:
+        return []
+    time.sleep(1.5)
+    waiting = len(glob.glob(os.path.join(os.environ["FSDIST_TEST_DIR"], "gen-*", "groups", "*", "p0-1.*")))
+    got = []
+    for _ in range(count):
+        t = torch.zeros(1)
+        dist.recv(t, 0)
+        got.append(int(t.item()))
+    assert got == list(range(count)), got[:20]
+    return [waiting]

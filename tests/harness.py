@@ -153,6 +153,7 @@ def _rank_main(
 ) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.update(env)
+    os.environ["FSDIST_TEST_DIR"] = directory
     try:
         if init:
             from datetime import timedelta

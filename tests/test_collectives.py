@@ -66,3 +66,15 @@ def test_all_reduce_coalesced(pool_factory, world: int, op: str, dtype: str) -> 
 @pytest.mark.parametrize("world", WORLDS)
 def test_barrier_and_async_order(pool_factory, world: int) -> None:
     _check(pool_factory(world).run(cases.barrier_and_ordering), same_on_all_ranks=True)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_callback_may_issue_a_collective(pool_factory, world: int) -> None:
+    _check(pool_factory(world).run(cases.callback_issues_a_collective), same_on_all_ranks=True)
+
+
+def test_a_rank_that_never_waits_runs_only_a_bounded_way_ahead(pool_factory) -> None:
+    pool = pool_factory(3)
+    results = pool.run_each(cases.run_ahead_is_bounded, [()] * 3)
+    most, bound = results[0]
+    assert 0 < most <= bound + 16, f"rank 0 kept {most} unread broadcast files (bound {bound})"

@@ -16,3 +16,8 @@ def test_each_group_has_its_own_directory(pool_factory) -> None:
     results = pool.run(cases.group_files_apart, pool.directory)
     assert results[0] == results[1]
     assert len(results[0]) >= 2, results[0]  # the world group's and the new group's
+
+
+def test_recreated_group_starts_fresh(pool_factory) -> None:
+    results = pool_factory(3).run(cases.recreate_group)
+    assert results == [[], [], []]

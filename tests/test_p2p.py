@@ -39,3 +39,10 @@ def test_mismatched_recv_is_a_clear_error() -> None:
     assert results[0] == "sent"
     assert results[1].startswith("DesyncError"), results[1]
     assert "float32 [4]" in results[1] and "int64 [5]" in results[1], results[1]
+
+
+def test_buffered_sends_are_capped(pool_factory) -> None:
+    from fsdist.defaults import MAX_UNRECEIVED_SENDS
+
+    results = pool_factory(2).run(cases.send_cap, MAX_UNRECEIVED_SENDS + 100)
+    assert results[1] == [MAX_UNRECEIVED_SENDS], results

@@ -93,3 +93,27 @@ def test_clean_removes_a_crashed_run_and_refuses_a_live_one(pool_factory, tmp_pa
     live = pool_factory(2)
     assert main(["clean", live.directory]) == 1  # refused: that job is alive
     assert any(n.startswith("gen-") for n in os.listdir(live.directory))
+
+
+def test_dead_holder_of_a_slot_in_a_forming_generation_is_replaced_whatever_the_order(tmp_path) -> None:
+    import threading
+    import time
+
+    dead = {"host": os.uname().nodename, "pid": 2**22 + 7, "start_time": 1, "nonce": "x"}  # no such pid
+    stale = {"format": 1, "generation": "deadbeefdeadbeef", "world_size": 2, "complete": False, "members": {"0": dead}}
+    (tmp_path / RENDEZVOUS_FILE).write_text(json.dumps(stale))
+    results: dict[int, object] = {}
+
+    def join(rank: int, delay: float) -> None:
+        time.sleep(delay)
+        try:
+            results[rank] = rendezvous(str(tmp_path), rank, 2, timedelta(seconds=20)).generation_id
+        except Exception as exc:  # noqa: BLE001
+            results[rank] = exc
+
+    threads = [threading.Thread(target=join, args=(1, 0.0)), threading.Thread(target=join, args=(0, 0.5))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert isinstance(results[0], str) and results[0] == results[1], results
