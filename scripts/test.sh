@@ -6,4 +6,15 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 venv=${FSDIST_VENV:-$repo/.venv}
 "$repo/scripts/setup-venv.sh" "$venv" test
 cd "$repo/tests"
+if [ "${FSDIST_COVERAGE:-0}" = 1 ]; then
+  # coverage of every rank process too (multiprocessing-aware, combined afterwards)
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "coverage==7.17.5"
+  export COVERAGE_RCFILE="$repo/pyproject.toml" COVERAGE_FILE="$repo/.coverage"
+  rm -f "$repo"/.coverage*
+  status=0
+  "$venv/bin/python" -m coverage run -m pytest -p no:cacheprovider "$@" || status=$?
+  "$venv/bin/python" -m coverage combine -q
+  "$venv/bin/python" -m coverage report
+  exit $status
+fi
 exec "$venv/bin/python" -m pytest -p no:cacheprovider "$@"

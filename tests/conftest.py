@@ -1,13 +1,25 @@
-"""Shared fixtures: one live pool of ranks per world size for the whole session."""
+"""Shared fixtures, and the suite's own hygiene checks.
+
+Every temporary file of the suite (rank pools' run directories, pytest's tmp_path, the
+children's temporary files) lives under one fresh directory. At the end of the session a
+leaked child process, or a run directory left behind, fails the run.
+"""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from harness import Pools, RankPool
+
+SUITE_TMP = tempfile.mkdtemp(prefix="fsdist-suite-")
+os.environ["TMPDIR"] = SUITE_TMP  # spawned ranks inherit it
+tempfile.tempdir = SUITE_TMP
 
 
 @pytest.fixture(scope="session")
@@ -15,14 +27,28 @@ def pools() -> Iterator[Pools]:
     cache = Pools()
     yield cache
     cache.close_all()
-    leaked = [p for p in mp.active_children() if p.is_alive()]
-    assert not leaked, f"test processes leaked: {leaked}"
 
 
 @pytest.fixture
 def pool_factory(pools: Pools):
     """``pool_factory(n)``: the session's live pool of n ranks."""
     return pools.get
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    problems = []
+    leaked = [p for p in mp.active_children() if p.is_alive()]
+    if leaked:
+        problems.append(f"test processes leaked: {leaked}")
+        for proc in leaked:
+            proc.kill()
+    leftovers = sorted(n for n in os.listdir(SUITE_TMP) if not n.startswith("pytest-of-"))
+    if leftovers:
+        problems.append(f"run directories or files left in {SUITE_TMP}: {leftovers}")
+    shutil.rmtree(SUITE_TMP, ignore_errors=True)
+    if problems:
+        print("\nHYGIENE FAILURE:\n" + "\n".join(problems))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 __all__ = ["RankPool"]

@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,9 +43,18 @@ class RankPool:
         init: bool = True,
         env: dict[str, str] | None = None,
         group_timeout: float = GROUP_TIMEOUT,
+        mount_tmpfs_size: str | None = None,
     ) -> None:
+        """``mount_tmpfs_size`` (root only): run in a tmpfs of that size, to test a full disk."""
         self.world_size = world_size
         self.directory = tempfile.mkdtemp(prefix=f"fsdist-test-w{world_size}-")
+        self._mounted = False
+        if mount_tmpfs_size:
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={mount_tmpfs_size},mode=0700", "tmpfs", self.directory],
+                check=True,
+            )
+            self._mounted = True
         ctx = mp.get_context("spawn")
         self._conns = []
         self.processes = []
@@ -146,6 +156,10 @@ class RankPool:
             proc.join(5)
         for conn in self._conns:
             conn.close()
+        if self._mounted:
+            subprocess.run(["umount", "-l", self.directory], check=False)
+            self._mounted = False
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _rank_main(
