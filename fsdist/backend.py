@@ -24,6 +24,7 @@ from ._torch_compat import unwrap_store
 from .defaults import DEFAULT_TIMEOUT
 from .describe import describe, reduction_of
 from .errors import FsdistError
+from .liveness import Heartbeat, PeerWatch
 from .p2p import Mailbox, PendingReceive
 from .rendezvous import Generation
 from .staging import Staging
@@ -58,8 +59,11 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         incarnation = generation.incarnations.get(group_id, 0)
         generation.incarnations[group_id] = incarnation + 1
         directory = os.path.join(generation.directory, "groups", f"{key_to_filename(group_id)}.{incarnation}")
-        members = [generation.members[g] for g in global_ranks]
-        self._t = GroupTransport(directory, rank, size, members, timeout.total_seconds())
+        watch = PeerWatch(
+            [generation.members[g] for g in global_ranks], [generation.heartbeat_path(g) for g in global_ranks]
+        )
+        self._t = GroupTransport(directory, rank, size, watch, timeout.total_seconds())
+        self._heartbeat = Heartbeat(generation.heartbeat_path(generation.rank)) if is_world else None
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._queue = OpQueue(f"g{group_id}-r{rank}", on_error=self._broke)
@@ -328,6 +332,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         if self._receives is not None:
             self._receives.close()
         self._t.close()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
         if self._is_world:
             self._generation.leave()
 

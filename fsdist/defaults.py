@@ -17,8 +17,13 @@ DEFAULT_TIMEOUT = timedelta(minutes=30)
 SPIN_SECONDS = 50e-6
 FIRST_SLEEP_SECONDS = 20e-6
 MAX_SLEEP_SECONDS = 2e-3
-#: How often a long wait also checks the abort marker and whether same-host peers are alive.
+#: How often a long wait also checks the abort marker and whether its peers are alive.
 HEALTH_CHECK_SECONDS = 0.1
+#: Each rank raises its heartbeat counter this often...
+HEARTBEAT_SECONDS = 1.0
+#: ...and a peer on another machine whose counter stalls this long is declared dead.
+HEARTBEAT_TIMEOUT_SECONDS = 10.0
+ENV_HEARTBEAT_TIMEOUT = "FSDIST_HEARTBEAT_TIMEOUT"
 
 #: A rank deletes its own collective files once every peer has moved past them; it checks at
 #: most every this many collectives, so the directory holds a bounded number of files.

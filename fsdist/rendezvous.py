@@ -55,6 +55,9 @@ class Generation:
     #: How many groups of each name this process has created (see ProcessGroupFsdist).
     incarnations: dict[str, int] = field(default_factory=dict)
 
+    def heartbeat_path(self, rank: int) -> str:
+        return os.path.join(self.directory, f"heartbeat.r{rank}")
+
     def leave(self) -> None:
         """Mark this rank as gone; the last rank out removes the generation and empties the file.
 

@@ -27,7 +27,7 @@ from . import message
 from .defaults import GC_EVERY, MAX_UNRECEIVED_SENDS, RUN_AHEAD
 from .errors import DesyncError, FsdistTimeoutError, PeerFailedError
 from .fileio import make_private_dir, publish, remove_tree, unlink_quietly
-from .liveness import Identity, is_alive
+from .liveness import PeerWatch
 from .locked_record import Counter, LockedRecord
 from .waiting import Deadline, poll
 
@@ -65,12 +65,12 @@ _NOT_STARTED = PeerState(seq=-1, step=0, closed=False, description="(not started
 class GroupTransport:
     """Publishing and reading messages among the ranks of one group through its directory."""
 
-    def __init__(self, directory: str, rank: int, size: int, members: Sequence[Identity], timeout: float) -> None:
+    def __init__(self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float) -> None:
         make_private_dir(directory)
         self.directory = directory
         self.rank = rank
         self.size = size
-        self.members = list(members)
+        self.watch = watch
         self.timeout = timeout
         self._records = [LockedRecord(self._state_path(r)) for r in range(size)]
         self._abort = LockedRecord(os.path.join(directory, "abort"))
@@ -102,9 +102,12 @@ class GroupTransport:
             self.collect_garbage()
             return True if not self._published or self._seq - self._published[0][0] <= RUN_AHEAD // 2 else None
 
-        slowest = min((r for r in range(self.size) if r != self.rank), key=lambda r: self._peer_seq[r])
-        poll(caught_up, self._deadline(), lambda: self._timed_out(slowest, f"operation #{self._seq - RUN_AHEAD // 2}"),
-             lambda: self._check_health(slowest))  # fmt: skip
+        def timed_out() -> BaseException:
+            slowest = min((r for r in range(self.size) if r != self.rank), key=lambda r: self._peer_seq[r])
+            return self._timed_out(slowest, f"operation #{self._seq - RUN_AHEAD // 2}")
+
+        # every peer's health, not just the one that looked slowest: cached positions go stale
+        poll(caught_up, self._deadline(), timed_out, lambda: self._check_health(None))
 
     def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
         """Publish this rank's message for (current seq, ``step``), then advance the record."""
@@ -243,11 +246,9 @@ class GroupTransport:
             raise PeerFailedError(f"{self._where()}: the group was aborted: {reason}")
         peers = range(self.size) if peer is None else [peer]
         for other in peers:
-            if other != self.rank and is_alive(self.members[other]) is False:
-                who = self.members[other]
-                raise PeerFailedError(
-                    f"{self._where()}: rank {other} (pid {who.pid} on {who.host}) died while this rank waited for it"
-                )
+            reason = self.watch.dead_reason(other) if other != self.rank else None
+            if reason:
+                raise PeerFailedError(f"{self._where()}: {reason} while this rank waited for it")
 
     def _deadline(self) -> Deadline:
         return Deadline(self.timeout)
@@ -290,6 +291,7 @@ class GroupTransport:
             closed.close()
         for record in (*self._records, self._abort):
             record.close()
+        self.watch.close()
         if last:
             remove_tree(self.directory)
         return last
