@@ -13,6 +13,7 @@ sequence numbers, steps and descriptions are opaque to it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import struct
@@ -35,7 +36,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["GroupTransport", "PeerState"]
 
-_STATE = struct.Struct("<4sHHqIH2x")  # magic, version, flags, seq, step, description length
+# magic, version, flags, seq, step, description length, history hash
+_STATE = struct.Struct("<4sHHqIH2xQ")
+_HISTORY = 4096  # own history hashes kept to compare with peers that lag behind
 _STATE_MAGIC = b"FSST"
 _STATE_VERSION = 1
 _DESC_OFFSET = 32
@@ -53,6 +56,7 @@ class PeerState:
     step: int
     closed: bool
     description: str
+    history: int = 0
 
     @property
     def position(self) -> tuple[int, int]:
@@ -82,6 +86,11 @@ class GroupTransport:
         self._send_lock = threading.Lock()
         self._peer_seq = [-1] * size
         self._published: deque[tuple[int, str]] = deque()
+        # running hash of every description so far, per seq: two ranks whose hashes differ at
+        # the same seq called different operations somewhere, even if neither waited then
+        self._chain = 0
+        self._history: dict[int, tuple[int, str]] = {0: (0, "")}
+        self._history_order: deque[int] = deque([0])
         self._write_state()
 
     # ---- own progress -------------------------------------------------------------------
@@ -89,9 +98,18 @@ class GroupTransport:
     def enter(self, seq: int, description: str) -> None:
         """Announce that this rank started operation ``seq``, described by ``description``."""
         self._seq, self._step, self._description = seq, 0, description[:_DESC_MAX]
+        digest = hashlib.blake2b(self._chain.to_bytes(8, "little") + description.encode(), digest_size=8)
+        self._chain = int.from_bytes(digest.digest(), "little")
+        self._history[seq] = (self._chain, self._description)
+        self._history_order.append(seq)
+        if len(self._history_order) > _HISTORY:
+            self._history.pop(self._history_order.popleft(), None)
         self._write_state()
         if seq % GC_EVERY == 0:
-            self.collect_garbage()
+            self.collect_garbage()  # also compares peers' history hashes with this rank's
+            reason = self.abort_reason()  # a rank that never waits must still hear of failures
+            if reason is not None:
+                raise PeerFailedError(f"{self._where()}: the group was aborted: {reason}")
         if self._published and seq - self._published[0][0] > RUN_AHEAD:
             self._wait_for_stragglers()
 
@@ -119,7 +137,7 @@ class GroupTransport:
 
     def _write_state(self) -> None:
         desc = self._description.encode()[:_DESC_MAX]
-        header = _STATE.pack(_STATE_MAGIC, _STATE_VERSION, self._flags, self._seq, self._step, len(desc))
+        header = _STATE.pack(_STATE_MAGIC, _STATE_VERSION, self._flags, self._seq, self._step, len(desc), self._chain)
         self._records[self.rank].write(header.ljust(_DESC_OFFSET, b"\0") + desc.ljust(_DESC_MAX, b"\0"))
 
     # ---- peers --------------------------------------------------------------------------
@@ -128,12 +146,26 @@ class GroupTransport:
         raw = self._records[peer].read(0, _P2P_OFFSET)
         if len(raw) < _STATE.size:
             return _NOT_STARTED
-        magic, version, flags, seq, step, desc_len = _STATE.unpack_from(raw)
+        magic, version, flags, seq, step, desc_len, history = _STATE.unpack_from(raw)
         if magic != _STATE_MAGIC or version != _STATE_VERSION:
             raise PeerFailedError(f"{self._state_path(peer)} is not an fsdist v{_STATE_VERSION} state record")
         desc = raw[_DESC_OFFSET : _DESC_OFFSET + desc_len].decode(errors="replace")
         self._peer_seq[peer] = max(self._peer_seq[peer], seq)
-        return PeerState(seq, step, bool(flags & FLAG_CLOSED), desc)
+        mine = self._history.get(seq)
+        if mine is not None and mine[0] != history and seq <= self._seq:
+            if seq == self._seq and desc != self._description:
+                raise self._desync(peer, desc)
+            raise self._diverged(peer, seq, desc)
+        return PeerState(seq, step, bool(flags & FLAG_CLOSED), desc, history)
+
+    def _diverged(self, peer: int, seq: int, theirs: str) -> DesyncError:
+        error = DesyncError(
+            f"{self._where()}: rank {peer} called different operations from this rank at or before "
+            f"operation #{seq} (this rank's #{seq} was '{self._history[seq][1]}', rank {peer}'s is '{theirs}'; "
+            "every rank of a group must call the same collectives in the same order)"
+        )
+        self.abort(str(error))
+        return error
 
     def wait_for(self, peer: int, step: int) -> None:
         """Block until ``peer`` has published (current seq, ``step``) or gone past it.
@@ -255,10 +287,11 @@ class GroupTransport:
 
     def _timed_out(self, peer: int, what: str) -> FsdistTimeoutError:
         state = self.peer_state(peer)
+        behind = [r for r in range(self.size) if r != self.rank and self.peer_state(r).seq < self._seq]
         return FsdistTimeoutError(
             f"{self._where()}: timed out after {self.timeout:.1f} s waiting for rank {peer} to publish {what}; "
             f"its record {self._state_path(peer)} says it is at operation #{state.seq} step {state.step} "
-            f"('{state.description}')"
+            f"('{state.description}'); ranks that have not reached operation #{self._seq}: {behind}"
         )
 
     def _where(self) -> str:

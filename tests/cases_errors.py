@@ -60,3 +60,14 @@ def peer_dies_during_all_reduce() -> str:
     start = time.monotonic()
     text = _error_text(lambda: dist.all_reduce(torch.ones(3)))
     return f"{text} [after {time.monotonic() - start:.2f} s]"
+
+
+def roots_disagree() -> str:
+    """Each rank broadcasts as if it were the root: nobody ever waits, yet all must find out."""
+    rank = dist.get_rank()
+
+    def loop() -> None:
+        for _ in range(200):
+            dist.broadcast(torch.ones(4), src=rank)
+
+    return _error_text(loop)

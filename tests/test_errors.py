@@ -47,3 +47,10 @@ def test_dead_peer_is_named_long_before_the_timeout() -> None:
     text = results[0]
     assert text.startswith("PeerFailedError"), text
     assert "rank 1" in text and "died" in text, text
+
+
+def test_a_desync_among_ranks_that_never_wait_is_still_found_on_every_rank() -> None:
+    results = _run(3, cases.roots_disagree)
+    for rank, text in enumerate(results):
+        assert text.startswith(("DesyncError", "PeerFailedError")), f"rank {rank}: {text}"
+        assert ("different operations" in text or "disagree" in text) and "root=" in text, f"rank {rank}: {text}"
