@@ -235,3 +235,18 @@ class Pools:
         self._pools.clear()
         if errors:
             raise errors[0]
+
+
+def run_forked(target: Callable[..., Any], per_process_args: list[tuple[Any, ...]], timeout: float = 120) -> list[int]:
+    """Run ``target(*args)`` in one forked process per entry (lock tests: no torch import cost);
+    return the exit codes."""
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=target, args=args) for args in per_process_args]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    return [proc.exitcode for proc in procs]  # type: ignore[misc]

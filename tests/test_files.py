@@ -14,6 +14,8 @@ from fsdist.errors import FsdistError, ProtocolError
 from fsdist.fileio import publish
 from fsdist.locked_record import Counter, LockedRecord
 
+from harness import run_forked
+
 CTX = mp.get_context("fork")  # the parent has imported everything; fork starts in milliseconds
 
 
@@ -25,12 +27,7 @@ def _increment(path: str, times: int) -> None:
 
 def test_counter_8_processes_x_2000_increments(tmp_path) -> None:
     path = str(tmp_path / "counter")
-    procs = [CTX.Process(target=_increment, args=(path, 2000)) for _ in range(8)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+    assert run_forked(_increment, [(path, 2000)] * 8) == [0] * 8
     assert Counter(path).get() == 16000
 
 
@@ -159,12 +156,7 @@ def _cross_lock(me: str, other: str, directory: str, seconds: float) -> None:
 
 
 def test_threads_of_two_processes_never_see_false_deadlocks(tmp_path) -> None:
-    procs = [CTX.Process(target=_cross_lock, args=(a, b, str(tmp_path), 1.5)) for a, b in (("a", "b"), ("b", "a"))]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0]
+    assert run_forked(_cross_lock, [("a", "b", str(tmp_path), 1.5), ("b", "a", str(tmp_path), 1.5)]) == [0, 0]
 
 
 def test_two_records_on_one_file_in_one_process_exclude_each_other(tmp_path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from datetime import timedelta
 
@@ -12,7 +11,7 @@ import torch.distributed as dist
 from fsdist.errors import FsdistTimeoutError
 from fsdist.store import DirectoryStore, key_to_filename
 
-CTX = mp.get_context("fork")
+from harness import run_forked
 
 
 @pytest.fixture
@@ -82,10 +81,5 @@ def _adder(directory: str, times: int) -> None:
 def test_add_is_atomic_across_processes(tmp_path) -> None:
     directory = str(tmp_path / "s")
     DirectoryStore(directory)
-    procs = [CTX.Process(target=_adder, args=(directory, 300)) for _ in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
+    assert run_forked(_adder, [(directory, 300)] * 4) == [0] * 4
     assert DirectoryStore(directory).get("counter") == b"1200"
