@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 
 #: Environment variable naming the shared run directory (``init_method="fsdist://"``).
@@ -38,6 +39,9 @@ MAX_UNRECEIVED_SENDS = 256
 #: through files); smaller ones use one round where every rank reads every input.
 ALLREDUCE_SLICED_MIN_BYTES = 256 * 1024
 
-#: File and directory modes: private to the user unless they opt into group access.
-DIR_MODE = 0o700
-FILE_MODE = 0o600
+#: File and directory modes: private to the user unless they opt into group access by
+#: setting FSDIST_GROUP_ACCESS=1 (ranks running as different users of one group).
+ENV_GROUP_ACCESS = "FSDIST_GROUP_ACCESS"
+_GROUP = os.environ.get(ENV_GROUP_ACCESS, "") not in ("", "0")
+DIR_MODE = 0o770 if _GROUP else 0o700
+FILE_MODE = 0o660 if _GROUP else 0o600

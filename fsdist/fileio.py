@@ -41,7 +41,13 @@ def retrying(call: Callable[[], T]) -> T:
 
 def make_private_dir(path: str) -> None:
     """Create ``path`` (and parents) with the private directory mode; an existing one is kept."""
-    os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+    parent = os.path.dirname(path)
+    if parent and parent != path and not os.path.isdir(parent):
+        make_private_dir(parent)  # os.makedirs would give missing parents the default mode
+    try:
+        os.mkdir(path, DIR_MODE)  # the umask may take bits away, never add
+    except FileExistsError:
+        pass
     if os.path.islink(path):
         raise FsdistError(f"refusing to use {path!r}: it is a symbolic link")
 

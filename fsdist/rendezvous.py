@@ -84,6 +84,7 @@ def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAU
     """Join (or start) the generation of a ``world_size``-rank job in ``root``; wait until full."""
     if world_size < 1 or not 0 <= rank < world_size:
         raise RendezvousError(f"rank {rank} is outside a world of size {world_size}")
+    root = os.path.realpath(root)  # the run directory itself may sit behind a link (/scratch -> ...)
     make_private_dir(root)
     me = {**this_process().to_json(), "nonce": secrets.token_hex(8)}
     record = LockedRecord(os.path.join(root, RENDEZVOUS_FILE))

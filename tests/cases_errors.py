@@ -71,3 +71,27 @@ def roots_disagree() -> str:
             dist.broadcast(torch.ones(4), src=rank)
 
     return _error_text(loop)
+
+
+def dtypes_disagree() -> str:
+    """Rank 0 reduces float64, the others float32 (same shape): every rank must say so."""
+    dtype = torch.float64 if dist.get_rank() == 0 else torch.float32
+    return _error_text(lambda: dist.all_reduce(torch.ones(8, dtype=dtype)))
+
+
+def modes_of_everything_in_the_run_directory() -> list[str]:
+    """Every directory 0700 and file 0600 (unless FSDIST_GROUP_ACCESS): the directory is shared."""
+    dist.all_reduce(torch.ones(4))
+    dist.send(torch.ones(1), (dist.get_rank() + 1) % dist.get_world_size())
+    wrong = []
+    for base, dirs, files in os.walk(os.environ["FSDIST_TEST_DIR"]):
+        for name in dirs:
+            mode = os.stat(os.path.join(base, name)).st_mode & 0o777
+            if mode & 0o077:
+                wrong.append(f"{name}/ {oct(mode)}")
+        for name in files:
+            mode = os.stat(os.path.join(base, name)).st_mode & 0o777
+            if mode & 0o077:
+                wrong.append(f"{name} {oct(mode)}")
+    dist.recv(torch.zeros(1), (dist.get_rank() - 1) % dist.get_world_size())
+    return wrong

@@ -54,3 +54,15 @@ def test_a_desync_among_ranks_that_never_wait_is_still_found_on_every_rank() -> 
     for rank, text in enumerate(results):
         assert text.startswith(("DesyncError", "PeerFailedError")), f"rank {rank}: {text}"
         assert ("different operations" in text or "disagree" in text) and "root=" in text, f"rank {rank}: {text}"
+
+
+def test_dtype_mismatch_is_reported_on_every_rank_with_both_sides() -> None:
+    results = _run(3, cases.dtypes_disagree)
+    for rank, text in enumerate(results):
+        assert text.startswith(("DesyncError", "PeerFailedError")), f"rank {rank}: {text}"
+        assert "float64[8]" in text and "float32[8]" in text, f"rank {rank}: {text}"
+
+
+def test_run_directory_is_private(pool_factory) -> None:
+    results = pool_factory(2).run(cases.modes_of_everything_in_the_run_directory)
+    assert results == [[], []], results
