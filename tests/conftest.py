@@ -42,7 +42,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         problems.append(f"test processes leaked: {leaked}")
         for proc in leaked:
             proc.kill()
-    leftovers = sorted(n for n in os.listdir(SUITE_TMP) if not n.startswith("pytest-of-"))
+    # pytest's own tmp_path tree, and torch's compile cache (torch writes it to TMPDIR)
+    ours = ("pytest-of-", "torchinductor_")
+    leftovers = sorted(n for n in os.listdir(SUITE_TMP) if not n.startswith(ours))
     if leftovers:
         problems.append(f"run directories or files left in {SUITE_TMP}: {leftovers}")
     shutil.rmtree(SUITE_TMP, ignore_errors=True)

@@ -1,0 +1,32 @@
+"""Training over fsdist: DDP (and its options), FSDP2, DTensor on a 2x2 mesh, object collectives."""
+
+from __future__ import annotations
+
+import pytest
+
+import cases_training as cases
+
+
+@pytest.mark.parametrize("variant", ["plain", "static_graph", "unused", "bucket_view", "no_sync", "fp16_hook"])
+def test_ddp_matches_a_single_process_reference(pool_factory, variant: str) -> None:
+    diffs = pool_factory(2).run(cases.ddp_matches_reference, variant)
+    tolerance = 1e-3 if variant == "fp16_hook" else 1e-6  # fp16 compression rounds the gradients
+    assert max(diffs) <= tolerance, diffs
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_ddp_with_odd_and_even_worlds(pool_factory, world: int) -> None:
+    assert max(pool_factory(world).run(cases.ddp_matches_reference, "plain")) <= 1e-6
+
+
+def test_fsdp2_matches_a_single_process_reference(pool_factory) -> None:
+    assert max(pool_factory(4).run(cases.fsdp2_matches_reference)) <= 1e-6
+
+
+def test_dtensor_matmul_on_a_2x2_device_mesh(pool_factory) -> None:
+    assert max(pool_factory(4).run(cases.dtensor_2x2_matmul)) <= 1e-10
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_object_collectives(pool_factory, world: int) -> None:
+    assert pool_factory(world).run(cases.object_collectives) == [[]] * world
