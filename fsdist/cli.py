@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from . import launcher
 from ._version import __version__
 from .errors import RendezvousError
 from .rendezvous import clean
@@ -18,11 +19,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     clean_cmd = commands.add_parser(
         "clean", help="remove what a crashed run left in DIR (refuses while a run there is alive)"
     )
+    run_cmd = commands.add_parser("run", help="start this node's ranks of a job (a port-free torchrun)")
+    launcher.add_arguments(run_cmd)
     clean_cmd.add_argument("directory", metavar="DIR")
     clean_cmd.add_argument(
         "--force", action="store_true", help="also remove a job whose members run on other hosts (cannot be checked)"
     )
     args = parser.parse_args(argv)
+    if args.command == "run":
+        return launcher.run(args)
     if args.command == "clean":
         try:
             removed = clean(args.directory, force=args.force)
