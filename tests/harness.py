@@ -127,23 +127,21 @@ class RankPool:
         """Destroy the process group in every rank, join them, and check nothing was left."""
         if self.broken:
             self.kill()
-            shutil.rmtree(self.directory, ignore_errors=True)
             return
         for conn in self._conns:
             conn.send(("exit", "", (), CASE_TIMEOUT))
         try:
             self._collect("shutdown", CASE_TIMEOUT)
-        finally:
             for proc in self.processes:
                 proc.join(10)
+            leftovers = [n for n in os.listdir(self.directory) if n != "fsdist-rendezvous.json"]
+        finally:
             self.kill()
-        leftovers = [n for n in os.listdir(self.directory) if n != "fsdist-rendezvous.json"]
-        shutil.rmtree(self.directory, ignore_errors=True)
         if leftovers:
             raise AssertionError(f"destroy_process_group left files behind: {leftovers}")
 
     def kill(self, dump: bool = False) -> None:
-        """Stop every rank now (after asking for a stack dump when ``dump``)."""
+        """Stop every rank now (after asking for a stack dump when ``dump``); remove the directory."""
         self.broken = True
         if dump:
             for proc in self.processes:
@@ -159,7 +157,7 @@ class RankPool:
         if self._mounted:
             subprocess.run(["umount", "-l", self.directory], check=False)
             self._mounted = False
-            shutil.rmtree(self.directory, ignore_errors=True)
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _rank_main(
