@@ -149,11 +149,12 @@ def bad_peers() -> list[str]:
 def mismatched_recv(role: str) -> str:
     """Rank 0 sends 4 floats; rank 1 expects 5 int64s: rank 1 must say so, not hang or garble."""
     rank = dist.get_rank()
-    if rank == 0:
-        dist.send(torch.zeros(4), 1)
-        return "sent"
     try:
-        dist.recv(torch.zeros(5, dtype=torch.int64), 0)
+        if rank == 0:
+            dist.send(torch.zeros(4), 1)  # buffered: returns at once...
+            dist.barrier()  # ...so the sender hears of the mismatch at its next operation
+        else:
+            dist.recv(torch.zeros(5, dtype=torch.int64), 0)
     except Exception as exc:  # noqa: BLE001 - the error text is what is checked
         return f"{type(exc).__name__}: {exc}"
     return "no error"
