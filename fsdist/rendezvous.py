@@ -80,9 +80,12 @@ class Generation:
             record.update(mark)
 
 
-def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAULT_TIMEOUT) -> Generation:
-    """Join (or start) the generation of a ``world_size``-rank job in ``root``; wait until full."""
-    if world_size < 1 or not 0 <= rank < world_size:
+def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta = DEFAULT_TIMEOUT) -> Generation:
+    """Join (or start) the generation of a ``world_size``-rank job in ``root``; wait until full.
+
+    ``rank=None`` takes the lowest free slot (torchrun's agents get their node rank this way).
+    """
+    if world_size < 1 or (rank is not None and not 0 <= rank < world_size):
         raise RendezvousError(f"rank {rank} is outside a world of size {world_size}")
     root = os.path.realpath(root)  # the run directory itself may sit behind a link (/scratch -> ...)
     make_private_dir(root)
@@ -91,10 +94,14 @@ def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAU
     try:
         state: dict[str, Any] = {}
 
+        def my_slot() -> int | None:
+            slots = [int(r) for r, m in state.get("members", {}).items() if m.get("nonce") == me["nonce"]]
+            return slots[0] if slots else None
+
         def join(old: bytes) -> bytes | None:
             nonlocal state
             state = _parse(old)
-            if state and state["members"].get(str(rank), {}).get("nonce") == me["nonce"]:
+            if my_slot() is not None:
                 return None  # already a member: just watching the generation fill up
             verdict = _judge(state, rank, world_size, me)
             if verdict == "wait":
@@ -103,14 +110,14 @@ def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAU
                 state = _new_generation(root, world_size, previous=state)
             # members known dead can never take part: free their slots rather than count them
             state["members"] = {r: m for r, m in state["members"].items() if _staying(m)}
-            state["members"][str(rank)] = me
+            slot = rank if rank is not None else min(set(range(world_size)) - {int(r) for r in state["members"]})
+            state["members"][str(slot)] = me
             state["complete"] = len(state["members"]) == world_size
             return json.dumps(state).encode()
 
         def formed() -> dict[str, Any] | None:
             record.update(join)
-            mine = state.get("members", {}).get(str(rank), {}).get("nonce") == me["nonce"]
-            return state if mine and state["complete"] else None
+            return state if my_slot() is not None and state["complete"] else None
 
         deadline = Deadline(timeout.total_seconds())
         final = poll(
@@ -122,8 +129,11 @@ def rendezvous(root: str, rank: int, world_size: int, timeout: timedelta = DEFAU
                 f"(ranks {sorted(int(r) for r in state.get('members', {}))})"
             ),
         )
+        slot = my_slot()
+        assert slot is not None
     finally:
         record.close()
+    rank = slot
     members = [Identity.from_json(final["members"][str(r)]) for r in range(world_size)]
     directory = os.path.join(root, f"gen-{final['generation']}")
     log.debug("rank %d joined generation %s in %s", rank, final["generation"], root)
@@ -176,7 +186,7 @@ def _parse(raw: bytes) -> dict[str, Any]:
     return state
 
 
-def _judge(state: dict[str, Any], rank: int, world_size: int, me: dict[str, Any]) -> str:
+def _judge(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
     """Decide under the lock what to do with the recorded generation: "join", "replace" or "wait".
 
     Raises RendezvousError for a second live job in the same directory.
@@ -184,7 +194,7 @@ def _judge(state: dict[str, Any], rank: int, world_size: int, me: dict[str, Any]
     if not state:
         return "replace"
     members = {int(r): m for r, m in state["members"].items()}
-    holder = members.get(rank)
+    holder = members.get(rank) if rank is not None else None
     if not state["complete"] and state["world_size"] == world_size and (holder is None or not _staying(holder)):
         return "join"  # a free slot, or one whose holder died while the job was forming
     staying = {r: m for r, m in members.items() if _staying(m)}
