@@ -1,42 +1,35 @@
-"""``python -m fsdist`` (or ``fsdist``): command-line tools around a run directory."""
+"""``python -m fsdist`` (or ``fsdist``): command-line tools around a run directory.
+
+Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
+this file only lists them, so a new tool is one line in ``_COMMANDS`` and never touches another.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
-from . import launcher
 from ._version import __version__
-from .errors import RendezvousError
-from .rendezvous import clean
+
+#: (name, module under fsdist, one-line help).
+_COMMANDS: list[tuple[str, str, str]] = [
+    ("run", "launcher", "start this node's ranks of a job (a port-free torchrun)"),
+    ("clean", "clean_cmd", "remove what a crashed run left in DIR (refuses while a run there is alive)"),
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fsdist", description="fsdist: torch.distributed over a shared directory")
     parser.add_argument("--version", action="version", version=f"fsdist {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    clean_cmd = commands.add_parser(
-        "clean", help="remove what a crashed run left in DIR (refuses while a run there is alive)"
-    )
-    run_cmd = commands.add_parser("run", help="start this node's ranks of a job (a port-free torchrun)")
-    launcher.add_arguments(run_cmd)
-    clean_cmd.add_argument("directory", metavar="DIR")
-    clean_cmd.add_argument(
-        "--force", action="store_true", help="also remove a job whose members run on other hosts (cannot be checked)"
-    )
+    modules = {}
+    for name, module_name, help_text in _COMMANDS:
+        modules[name] = importlib.import_module(f".{module_name}", __package__)
+        modules[name].add_arguments(commands.add_parser(name, help=help_text, description=help_text))
     args = parser.parse_args(argv)
-    if args.command == "run":
-        return launcher.run(args)
-    if args.command == "clean":
-        try:
-            removed = clean(args.directory, force=args.force)
-        except RendezvousError as exc:
-            print(f"fsdist clean: {exc}", file=sys.stderr)
-            return 1
-        print(f"fsdist clean: removed {len(removed)} generation(s) from {args.directory}")
-        return 0
-    return 2  # pragma: no cover - argparse rejects unknown commands first
+    return int(modules[args.command].run(args))
 
 
 if __name__ == "__main__":

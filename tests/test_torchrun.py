@@ -19,7 +19,9 @@ def test_torchrun_with_the_fsdist_rendezvous_backend(tmp_path) -> None:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     endpoint = f"--rdzv-endpoint={tmp_path / 'run'}"
-    command = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=fsdist", endpoint,
+    # torchrun's agent otherwise makes (and never removes) a torchelastic_* log folder in TMPDIR
+    logs = f"--log-dir={tmp_path / 'logs'}"
+    command = [sys.executable, "-m", "torch.distributed.run", "--rdzv-backend=fsdist", endpoint, logs,
                "--rdzv-id=job1", "--nnodes=1", "--nproc-per-node=2", str(script)]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
