@@ -2,6 +2,7 @@
 
 Each subcommand lives in its own module exposing ``add_arguments(parser)`` and ``run(args) -> int``;
 this file only lists them, so a new tool is one line in ``_COMMANDS`` and never touches another.
+A name of two words (``"bench locks"``) is a command of its own, chosen when both words lead argv.
 """
 
 from __future__ import annotations
@@ -21,15 +22,22 @@ _COMMANDS: list[tuple[str, str, str]] = [
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # the longest command name that leads argv wins: "bench locks DIR" before "bench"
+    for name, module_name, help_text in sorted(_COMMANDS, key=lambda c: -len(c[0].split())):
+        words = name.split()
+        if argv[: len(words)] == words:
+            module = importlib.import_module(f".{module_name}", __package__)
+            parser = argparse.ArgumentParser(prog=f"fsdist {name}", description=help_text)
+            module.add_arguments(parser)
+            return int(module.run(parser.parse_args(argv[len(words) :])))
     parser = argparse.ArgumentParser(prog="fsdist", description="fsdist: torch.distributed over a shared directory")
     parser.add_argument("--version", action="version", version=f"fsdist {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True)
-    modules = {}
-    for name, module_name, help_text in _COMMANDS:
-        modules[name] = importlib.import_module(f".{module_name}", __package__)
-        modules[name].add_arguments(commands.add_parser(name, help=help_text, description=help_text))
-    args = parser.parse_args(argv)
-    return int(modules[args.command].run(args))
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, _, help_text in _COMMANDS:
+        commands.add_parser(name, help=help_text)
+    parser.parse_args(argv)  # no command led argv: prints the help, the version or a usage error
+    return 2
 
 
 if __name__ == "__main__":
