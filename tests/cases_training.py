@@ -49,6 +49,8 @@ def ddp_matches_reference(variant: str) -> float:
     ddp = DistributedDataParallel(_model(), **kwargs)
     if variant == "fp16_hook":
         ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+    if variant == "bf16_hook":
+        ddp.register_comm_hook(dist.group.WORLD, _bf16_compress_on_cpu)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     for step in range(STEPS):
         x, y = _batch(step, rank)
@@ -65,6 +67,24 @@ def ddp_matches_reference(variant: str) -> float:
     return max((p.detach() - r).abs().max().item() for p, r in zip(ddp.module.parameters(), ref, strict=True))
 
 
+def _bf16_compress_on_cpu(
+    process_group: dist.ProcessGroup, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    """torch's bf16_compress_hook under another name: torch refuses that name unless NCCL is
+    present, though the hook itself (compress, async all_reduce, ``then`` decompress) is generic."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import _compress_hook
+
+    return _compress_hook(torch.bfloat16, process_group, bucket)
+
+
+# DDP checks a hook's annotations as objects; `from __future__ import annotations` made them strings
+_bf16_compress_on_cpu.__annotations__ = {
+    "process_group": dist.ProcessGroup,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
+}
+
+
 def _replicas_identical(model: torch.nn.Module) -> bool:
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     copies = [torch.zeros_like(flat) for _ in range(dist.get_world_size())]
@@ -72,15 +92,19 @@ def _replicas_identical(model: torch.nn.Module) -> bool:
     return all(torch.equal(c, flat) for c in copies)
 
 
-def fsdp2_matches_reference() -> float:
+def _fsdp2_model() -> torch.nn.Module:
     from torch.distributed.fsdp import fully_shard
 
-    rank, world = dist.get_rank(), dist.get_world_size()
     model = _model()
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer)
-    fully_shard(model)
+    return fully_shard(model)
+
+
+def fsdp2_matches_reference() -> float:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = _fsdp2_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     for step in range(STEPS):
         x, y = _batch(step, rank)
@@ -89,6 +113,48 @@ def fsdp2_matches_reference() -> float:
         opt.step()
     full = [p.full_tensor().detach() for p in model.parameters()]
     return max((p - r).abs().max().item() for p, r in zip(full, _reference(world), strict=True))
+
+
+def checkpoint_round_trip(directory: str) -> float:
+    """Save an FSDP2-sharded model with torch.distributed.checkpoint, load it into a fresh one.
+
+    Returns the max difference between the loaded full parameters and the trained ones (0 when
+    every shard came back) plus 1.0 if the fresh model had not differed before loading.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    rank = dist.get_rank()
+    model = _fsdp2_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    x, y = _batch(0, rank)
+    torch.nn.functional.mse_loss(model(x), y).backward()
+    opt.step()  # the saved weights differ from the seeded initial ones
+    trained = [p.full_tensor().detach().clone() for p in model.parameters()]
+    dcp.save({"model": model.state_dict()}, checkpoint_id=directory)
+    fresh = _fsdp2_model()
+    unchanged = all(torch.equal(p.full_tensor(), t) for p, t in zip(fresh.parameters(), trained, strict=True))
+    state = {"model": fresh.state_dict()}
+    dcp.load(state, checkpoint_id=directory)
+    fresh.load_state_dict(state["model"])
+    loaded = [p.full_tensor().detach() for p in fresh.parameters()]
+    return max((a - b).abs().max().item() for a, b in zip(loaded, trained, strict=True)) + float(unchanged)
+
+
+def dtensor_1d_mesh() -> float:
+    """Row-sharded matmul, a reduction and a redistribute on a 1-D mesh of every rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    g = torch.Generator().manual_seed(11)
+    a = torch.randn(12, 5, generator=g, dtype=torch.float64)
+    b = torch.randn(5, 3, generator=g, dtype=torch.float64)
+    da = distribute_tensor(a, mesh, [Shard(0)])
+    db = distribute_tensor(b, mesh, [Replicate()])
+    out = (da @ db).redistribute(mesh, [Replicate()]).to_local()
+    column = distribute_tensor(a, mesh, [Shard(1)]).full_tensor()
+    return max((out - a @ b).abs().max().item(), (da.sum().full_tensor() - a.sum()).abs().item(),
+               (column - a).abs().max().item())  # fmt: skip
 
 
 def dtensor_2x2_matmul() -> float:

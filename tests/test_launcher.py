@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,73 @@ def test_a_failing_rank_stops_both_nodes_and_is_reported_by_each(tmp_path) -> No
         assert proc.returncode != 0, f"node {node} exited 0"
         assert "the first failure was rank 1" in err, f"node {node}: {err[-2000:]}"
         assert "RuntimeError: rank 1 failed on purpose at step 5" in err, f"node {node}: {err[-2000:]}"
+
+
+def _children_by_rank(launcher_pid: int) -> dict[int, int]:
+    """The launcher's rank processes, by their RANK, read from /proc."""
+    found = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            if ppid != launcher_pid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                env = dict(v.split(b"=", 1) for v in environ.read().split(b"\0") if b"=" in v)
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        if b"RANK" in env:
+            found[int(env[b"RANK"])] = int(entry)
+    return found
+
+
+def test_a_killed_rank_stops_both_nodes_and_is_named_by_each(tmp_path) -> None:
+    common = ("--nproc-per-node", "2", "--nnodes", "2")
+    script = (EXAMPLE, "--steps", "1000000", "--log-every", "20")
+    nodes = [_launch(tmp_path / "run", *common, "--node-rank", str(node), *script) for node in (0, 1)]
+    assert nodes[0].stdout is not None
+    first_progress = nodes[0].stdout.readline()  # rank 0 trains: the 4-rank job is formed
+    assert "step" in first_progress, first_progress
+    victim = _children_by_rank(nodes[1].pid)[3]
+    os.kill(victim, 9)
+    killed = time.monotonic()
+    results = [node.communicate(timeout=120) for node in nodes]
+    print(f"both launchers exited {time.monotonic() - killed:.2f} s after kill -9 of rank 3")
+    for node, (proc, (_, err)) in enumerate(zip(nodes, results, strict=True)):
+        assert proc.returncode != 0, f"node {node} exited 0"
+        assert "the first failure was rank 3" in err, f"node {node}: {err[-2000:]}"
+        assert "killed by signal 9" in err, f"node {node}: {err[-2000:]}"
+
+
+EXAMPLES = Path(EXAMPLE).parent
+
+
+def test_fsdp_example_trains_and_round_trips_its_sharded_checkpoint(tmp_path) -> None:
+    script = (str(EXAMPLES / "train_fsdp.py"), "--steps", "10", "--checkpoint", str(tmp_path / "ckpt"))
+    proc = _launch(tmp_path / "run", "--nproc-per-node", "4", *script)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out + err
+    assert "step    10/10" in out and "every shard identical" in out, out
+
+
+def test_two_nodes_under_slurm_take_their_node_index_from_slurm(tmp_path) -> None:
+    nodes = []
+    for node in (0, 1):
+        env = {**os.environ, "SLURM_NNODES": "2", "SLURM_NODEID": str(node), "SLURM_PROCID": str(node)}
+        command = [sys.executable, "-m", "fsdist", "run", "--dir", str(tmp_path / "run"), "--nproc-per-node", "2",
+                   EXAMPLE, "--steps", "10"]  # fmt: skip
+        nodes.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    results = [node.communicate(timeout=300) for node in nodes]
+    for node, (proc, (out, err)) in enumerate(zip(nodes, results, strict=True)):
+        assert proc.returncode == 0, f"node {node}: {out + err}"
+    assert "step    10/10" in results[0][0] and "(4 ranks)" in results[0][0], results[0][0]
+
+
+def test_the_two_node_example_script_forms_one_four_rank_job() -> None:
+    env = {**os.environ, "PYTHON": sys.executable}
+    script = [str(EXAMPLES / "multinode_local.sh"), EXAMPLE, "--steps", "10"]
+    result = subprocess.run(script, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "step    10/10" in result.stdout and "(4 ranks)" in result.stdout, result.stdout
