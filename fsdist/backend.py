@@ -27,7 +27,7 @@ from .errors import FsdistError
 from .liveness import Heartbeat, PeerWatch
 from .p2p import Mailbox, PendingReceive
 from .rendezvous import Generation
-from .staging import Staging
+from .staging import Staging, check_stageable
 from .store import DirectoryStore, key_to_filename
 from .transport import GroupTransport
 from .waiting import Deadline
@@ -288,9 +288,9 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     def send(self, tensors: Tensors, dst: int, tag: int) -> FsdistWork:
         """Buffered: publish the message now (in the caller's thread) and return a finished Work."""
         self._check_peer(dst, "send to")
+        desc = describe("send", tensors, tag=tag)
         staging = Staging()
         hosts = [staging.input(x) for x in tensors]
-        desc = describe("send", tensors, tag=tag)
         work = FsdistWork(list(tensors), desc)
         try:
             self._t.send(dst, hosts, tag, desc)
@@ -362,6 +362,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     @staticmethod
     def _check_same(tensor: torch.Tensor, like: torch.Tensor, name: str) -> None:
+        check_stageable(tensor)
         if tensor.numel() != like.numel() or tensor.dtype != like.dtype:
             raise ValueError(
                 f"{name}: tensor {tensor.dtype} {list(tensor.shape)} does not match {like.dtype} {list(like.shape)}"

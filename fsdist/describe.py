@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .reduce_ops import ReduceKind, Reduction, check_supported
+from .staging import check_stageable
 
 __all__ = ["describe", "reduction_of"]
 
@@ -32,7 +33,13 @@ def describe(
     tag: int | None = None,
     dtype: torch.dtype | None = None,
 ) -> str:
-    """E.g. ``all_reduce SUM float32[1000]`` or ``broadcast root=2 int64[3, 4]``."""
+    """E.g. ``all_reduce SUM float32[1000]`` or ``broadcast root=2 int64[3, 4]``.
+
+    Every operation describes its tensors before it is queued, so this is also where tensors
+    that cannot travel are refused, the same way on every rank.
+    """
+    for tensor in tensors:
+        check_stageable(tensor)
     words = [name]
     if reduction is not None:
         words.append(str(reduction))

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["Staging"]
+__all__ = ["Staging", "check_stageable"]
+
+
+def check_stageable(tensor: torch.Tensor) -> None:
+    """Refuse, in the calling thread and before any communication, what no file can carry."""
+    if tensor.layout != torch.strided:
+        raise NotImplementedError(
+            f"fsdist moves dense (strided) tensors only, not {tensor.layout}: convert with .to_dense() first"
+        )
+    if tensor.device.type == "meta":
+        raise ValueError("fsdist cannot communicate a tensor on the 'meta' device: it holds no data")
 
 
 class Staging:

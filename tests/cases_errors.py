@@ -95,3 +95,24 @@ def modes_of_everything_in_the_run_directory() -> list[str]:
                 wrong.append(f"{name} {oct(mode)}")
     dist.recv(torch.zeros(1), (dist.get_rank() - 1) % dist.get_world_size())
     return wrong
+
+
+def tensors_no_file_can_carry() -> list[str]:
+    """Meta and sparse tensors are refused before any communication; the group stays usable."""
+    peer = (dist.get_rank() + 1) % dist.get_world_size()
+    texts = [
+        _error_text(lambda: dist.all_reduce(torch.ones(3, device="meta"))),
+        _error_text(lambda: dist.broadcast(torch.ones(3, device="meta"), src=0)),
+        _error_text(lambda: dist.send(torch.ones(3, device="meta"), peer)),
+        _error_text(lambda: dist.all_reduce(torch.ones(3).to_sparse())),
+    ]
+    after = torch.ones(2)
+    dist.all_reduce(after)
+    texts.append(f"then all_reduce gave {after.tolist()}")
+    return texts
+
+
+def reduce_ops_disagree() -> str:
+    """Rank 0 asks for MAX where the others ask for SUM (same tensor): every rank must say so."""
+    op = dist.ReduceOp.MAX if dist.get_rank() == 0 else dist.ReduceOp.SUM
+    return _error_text(lambda: dist.all_reduce(torch.ones(5), op=op))

@@ -66,3 +66,19 @@ def test_dtype_mismatch_is_reported_on_every_rank_with_both_sides() -> None:
 def test_run_directory_is_private(pool_factory) -> None:
     results = pool_factory(2).run(cases.modes_of_everything_in_the_run_directory)
     assert results == [[], []], results
+
+
+def test_tensors_no_file_can_carry_are_refused_and_the_group_stays_usable(pool_factory) -> None:
+    for texts in pool_factory(2).run(cases.tensors_no_file_can_carry):
+        *refusals, after = texts
+        for text in refusals[:3]:
+            assert text.startswith("ValueError") and "'meta' device" in text, texts
+        assert refusals[3].startswith("NotImplementedError") and "sparse" in refusals[3], texts
+        assert after == "then all_reduce gave [2.0, 2.0]", texts
+
+
+def test_reduce_op_mismatch_is_reported_on_every_rank_with_both_sides() -> None:
+    results = _run(3, cases.reduce_ops_disagree)
+    for rank, text in enumerate(results):
+        assert text.startswith(("DesyncError", "PeerFailedError")), f"rank {rank}: {text}"
+        assert "all_reduce MAX float32[5]" in text and "all_reduce SUM float32[5]" in text, f"rank {rank}: {text}"
