@@ -1,0 +1,101 @@
+"""`fsdist status`: it names the rank that holds a job up, and reads a crashed job's directory."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+from fsdist.status import read_status
+
+import cases_status as cases
+from harness import RankPool
+
+
+def _status(directory: str, *flags: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "fsdist", "status", directory, *flags]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_status_names_the_straggler_and_the_op_the_others_wait_in(pool_factory, tmp_path) -> None:
+    pool = pool_factory(3)
+    release = str(tmp_path / "release")
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def job() -> None:
+        try:
+            results.extend(pool.run(cases.straggle_before_all_reduce, 2, release, 90.0))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(exc)
+
+    runner = threading.Thread(target=job)
+    runner.start()
+    try:
+        # wait (in-process, cheaply) until ranks 0 and 1 are inside the all_reduce
+        deadline = time.monotonic() + 60
+        while (straggler := read_status(pool.directory).straggler()) is None:
+            assert time.monotonic() < deadline and not errors, f"no straggler seen: {errors}"
+            time.sleep(0.05)
+        time.sleep(0.3)  # a little waiting time, so "since" is visibly positive
+        shown = _status(pool.directory, "--json")
+        text = _status(pool.directory)
+    finally:
+        open(release, "w").close()
+        runner.join(120)
+    assert not errors, errors
+    assert results == [6.0] * 3
+
+    assert shown.returncode == 0, shown.stderr
+    status = json.loads(shown.stdout)
+    print(text.stdout)
+    world = status["groups"][0]
+    assert world["name"] == "world" and status["state"] == "running" and status["world_size"] == 3
+    found = world["straggler"]
+    assert found["ranks"] == [2] and found["behind"] == 1, found
+    assert found["waiting_ranks"] == [0, 1]
+    assert found["waiting_description"] == "all_reduce SUM float32[4]"
+    assert found["waiting_seq"] == found["seq"] + 1 == straggler.waiting_seq
+    assert found["waiting_s"] > 0
+    assert found["description"] == "barrier"  # the straggler's last finished collective
+    assert [m["liveness"] for m in status["members"]] == ["alive"] * 3
+    assert [m["pid"] for m in status["members"]] == [p.pid for p in pool.processes]
+    assert any(line.startswith("rank 2 is 1 collective behind") for line in status["summary"]), status["summary"]
+
+    assert text.returncode == 0, text.stderr
+    assert "rank 2 is 1 collective behind (at #" in text.stdout
+    assert "the others wait in all_reduce SUM float32[4] #" in text.stdout
+
+
+def test_status_reads_a_crashed_job_and_watch_repeats(tmp_path) -> None:
+    directory = str(tmp_path / "run")
+    pool = RankPool(3, init=False)
+    try:
+        pool.run_each(cases.crash_after_a_broadcast, [(directory, r, 3) for r in range(3)], deaths_expected=True)
+    finally:
+        pool.kill()
+    shown = _status(directory, "--json", "--watch", "--interval", "0.1", "--count", "2")
+    assert shown.returncode == 0, shown.stderr
+    snapshots = [json.loads(line) for line in shown.stdout.splitlines()]
+    assert len(snapshots) == 2
+    status = snapshots[-1]
+    assert status["state"] == "crashed"
+    assert [m["liveness"] for m in status["members"]] == ["dead"] * 3
+    assert all(isinstance(m["heartbeats"], int) for m in status["members"])
+    world = status["groups"][0]
+    assert [p["description"] for p in world["positions"]] == ["barrier"] * 3
+    assert world["straggler"] is None
+    assert any("is dead" in line for line in status["summary"])
+    subprocess.run([sys.executable, "-m", "fsdist", "clean", directory], check=True, capture_output=True)
+    assert os.listdir(directory) == ["fsdist-rendezvous.json"]
+    after = _status(directory)
+    assert after.returncode == 0 and "no job in" in after.stdout
+
+
+def test_status_of_a_missing_directory_is_an_error(tmp_path) -> None:
+    shown = _status(str(tmp_path / "nowhere"))
+    assert shown.returncode == 1 and "cannot read" in shown.stderr
