@@ -108,6 +108,8 @@ class RunStatus:
     members: list[MemberStatus] = field(default_factory=list)
     groups: list[GroupStatus] = field(default_factory=list)
     launcher_failure: dict[str, Any] | None = None
+    #: ranks that are behind in some group and wait in none: where a chain of waits ends
+    holding_up: list[int] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
     time: float = 0.0
 
@@ -157,6 +159,14 @@ def read_status(directory: str) -> RunStatus:
         if member.liveness in ("dead", "stalled"):
             why = "is dead (its process is gone)" if member.liveness == "dead" else "stopped its heartbeat"
             status.summary.append(f"rank {member.rank} (pid {member.pid} on {member.host}) {why}")
+    status.holding_up = _holding_up(status.groups)
+    world_late = next((g.straggler.ranks for g in status.groups if g.name == "world" and g.straggler), [])
+    if status.holding_up and status.holding_up != world_late:
+        one = len(status.holding_up) == 1
+        status.summary.append(
+            f"{'rank' if one else 'ranks'} {_ranks(status.holding_up)} wait{'s' if one else ''} for no one, and "
+            f"the others wait for {'it' if one else 'them'} (directly or through other ranks): start there"
+        )
     for group in status.groups:
         where = "" if group.name == "world" else f" in group {group.name!r}"
         if group.abort:
@@ -271,13 +281,34 @@ def _straggler(positions: list[RankPosition]) -> Straggler | None:
     who = "rank" if len(late) == 1 else "ranks"
     others = "the others wait" if len(late) + len(waiting) == len(live) else f"ranks {_ranks(_ids(waiting))} wait"
     since = f" since {wait_s:.1f} s" if wait_s is not None else ""
+    at = (
+        f"at #{low} {late[0].description}"
+        if low > 0
+        else f"before {'its' if len(late) == 1 else 'their'} first collective"
+    )
     summary = (
         f"{who} {_ranks(ids)} {'is' if len(late) == 1 else 'are'} {high - low} {word} behind "
-        f"(at #{low} {late[0].description}): {others} in {waiting[0].description} #{high}{since}"
+        f"({at}): {others} in {waiting[0].description} #{high}{since}"
     )
     return Straggler(
         ids, low, late[0].description, high - low, _ids(waiting), high, waiting[0].description, wait_s, summary
     )
+
+
+def _holding_up(groups: list[GroupStatus]) -> list[int]:
+    """Ranks behind in some group's collective that wait in no group themselves.
+
+    A rank late in the world group may only be waiting for another rank in a subgroup; the
+    chain of waits ends at a rank that waits for nobody (computing, or blocked outside fsdist's
+    collectives). Groups of unknown membership are left out: their ranks cannot be matched.
+    """
+    late: set[int] = set()
+    waiting: set[int] = set()
+    for group in groups:
+        if group.straggler is not None and group.ranks is not None:
+            late.update(group.straggler.ranks)
+            waiting.update(group.straggler.waiting_ranks)
+    return sorted(late - waiting)
 
 
 def _in_step_line(groups: list[GroupStatus]) -> str:

@@ -15,11 +15,7 @@ def straggle_before_all_reduce(straggler: int, release_file: str, timeout: float
     until ``release_file`` exists (the test creates it once it has seen the others wait)."""
     dist.barrier()
     if dist.get_rank() == straggler:
-        deadline = time.monotonic() + timeout
-        while not os.path.exists(release_file):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{release_file} never appeared")
-            time.sleep(0.05)
+        _wait_for(release_file, timeout)
     t = torch.full((4,), float(dist.get_rank() + 1))
     dist.all_reduce(t)
     return t[0].item()
@@ -34,3 +30,27 @@ def crash_after_a_broadcast(directory: str, rank: int, world: int) -> None:
     dist.broadcast(torch.arange(3), src=0)
     dist.barrier()
     os._exit(0)
+
+
+def straggle_in_a_subgroup(straggler: int, release_file: str, timeout: float) -> float:
+    """Even and odd ranks each all_reduce in their own subgroup, then meet in a world barrier;
+    ``straggler`` (odd) holds its subgroup up, and through it the world."""
+    world = dist.get_world_size()
+    evens, odds = dist.new_group(list(range(0, world, 2))), dist.new_group(list(range(1, world, 2)))
+    mine = evens if dist.get_rank() % 2 == 0 else odds
+    if dist.get_rank() == straggler:
+        _wait_for(release_file, timeout)
+    t = torch.ones(2)
+    dist.all_reduce(t, group=mine)
+    dist.barrier()
+    dist.destroy_process_group(evens)
+    dist.destroy_process_group(odds)
+    return t[0].item()
+
+
+def _wait_for(path: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.05)

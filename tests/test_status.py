@@ -21,33 +21,41 @@ def _status(directory: str, *flags: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-def test_status_names_the_straggler_and_the_op_the_others_wait_in(pool_factory, tmp_path) -> None:
-    pool = pool_factory(3)
-    release = str(tmp_path / "release")
+def _while_held_up(pool: RankPool, case: Any, straggler: int, release: str, ready: Any) -> tuple[list[Any], Any]:
+    """Run ``case`` in every rank of ``pool`` (in a thread); once ``ready(read_status(...))``,
+    call ``fsdist status`` (JSON and text), then release the straggler. Returns the results
+    and what status printed."""
     results: list[Any] = []
     errors: list[BaseException] = []
 
     def job() -> None:
         try:
-            results.extend(pool.run(cases.straggle_before_all_reduce, 2, release, 90.0))
+            results.extend(pool.run(case, straggler, release, 90.0))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the test's thread
             errors.append(exc)
 
     runner = threading.Thread(target=job)
     runner.start()
     try:
-        # wait (in-process, cheaply) until ranks 0 and 1 are inside the all_reduce
+        # wait (in-process, cheaply) until the others are inside the collective
         deadline = time.monotonic() + 60
-        while (straggler := read_status(pool.directory).straggler()) is None:
-            assert time.monotonic() < deadline and not errors, f"no straggler seen: {errors}"
+        while not ready(read_status(pool.directory)):
+            assert time.monotonic() < deadline and not errors, f"the ranks never got held up: {errors}"
             time.sleep(0.05)
         time.sleep(0.3)  # a little waiting time, so "since" is visibly positive
-        shown = _status(pool.directory, "--json")
-        text = _status(pool.directory)
+        shown = (_status(pool.directory, "--json"), _status(pool.directory))
     finally:
         open(release, "w").close()
         runner.join(120)
     assert not errors, errors
+    return results, shown
+
+
+def test_status_names_the_straggler_and_the_op_the_others_wait_in(pool_factory, tmp_path) -> None:
+    pool = pool_factory(3)
+    results, (shown, text) = _while_held_up(
+        pool, cases.straggle_before_all_reduce, 2, str(tmp_path / "release"), lambda s: s.straggler() is not None
+    )
     assert results == [6.0] * 3
 
     assert shown.returncode == 0, shown.stderr
@@ -59,7 +67,7 @@ def test_status_names_the_straggler_and_the_op_the_others_wait_in(pool_factory, 
     assert found["ranks"] == [2] and found["behind"] == 1, found
     assert found["waiting_ranks"] == [0, 1]
     assert found["waiting_description"] == "all_reduce SUM float32[4]"
-    assert found["waiting_seq"] == found["seq"] + 1 == straggler.waiting_seq
+    assert found["waiting_seq"] == found["seq"] + 1
     assert found["waiting_s"] > 0
     assert found["description"] == "barrier"  # the straggler's last finished collective
     assert [m["liveness"] for m in status["members"]] == ["alive"] * 3
@@ -69,6 +77,26 @@ def test_status_names_the_straggler_and_the_op_the_others_wait_in(pool_factory, 
     assert text.returncode == 0, text.stderr
     assert "rank 2 is 1 collective behind (at #" in text.stdout
     assert "the others wait in all_reduce SUM float32[4] #" in text.stdout
+
+
+def test_status_follows_waits_through_subgroups_to_the_rank_that_holds_everyone_up(pool_factory, tmp_path) -> None:
+    pool = pool_factory(4)
+
+    def odd_group_held_up(status: Any) -> bool:
+        return any(g.straggler is not None and g.ranks == [1, 3] for g in status.groups)
+
+    results, (shown, text) = _while_held_up(
+        pool, cases.straggle_in_a_subgroup, 3, str(tmp_path / "release"), odd_group_held_up
+    )
+    assert results == [2.0] * 4
+    status = json.loads(shown.stdout)
+    print(text.stdout)
+    odds = next(g for g in status["groups"] if g["ranks"] == [1, 3])
+    assert odds["straggler"]["ranks"] == [3] and odds["straggler"]["waiting_ranks"] == [1]
+    assert [p["rank"] for p in odds["positions"]] == [1, 3]
+    assert status["holding_up"] == [3]
+    assert "rank 3 waits for no one" in status["summary"][0]
+    assert f"in group {odds['name']!r}" in text.stdout
 
 
 def test_status_reads_a_crashed_job_and_watch_repeats(tmp_path) -> None:
