@@ -28,6 +28,7 @@ from .liveness import Identity, is_alive
 from .locked_record import _SHARED, _UNLOCK, _lock
 from .rendezvous import RENDEZVOUS_FILE
 from .store import key_to_filename
+from .straggler import RankPosition, Straggler, find_straggler, holding_up, in_step_line, list_ranks
 from .transport import _DESC_OFFSET, _P2P_OFFSET, _STATE, _STATE_MAGIC, _STATE_VERSION, FLAG_CLOSED
 
 __all__ = ["GROUP_RANKS_KEY", "GroupStatus", "MemberStatus", "RankPosition", "RunStatus", "Straggler", "read_status"]
@@ -45,42 +46,11 @@ class MemberStatus:
     host: str
     pid: int
     #: "alive" / "dead" (checked in /proc: same machine), "heartbeat" (another machine, beating),
-    #: "stalled" (another machine, no beat within the heartbeat limit), "left" (shut down).
+    #: "stalled" (another machine, no beat within the heartbeat limit), "unknown" (another
+    #: machine, no heartbeat file), "left" (shut down).
     liveness: str
     heartbeat_age_s: float | None
     heartbeats: int | None
-
-
-@dataclass
-class RankPosition:
-    """One rank's state record in one group: the operation it is in or last finished."""
-
-    group_rank: int
-    rank: int | None  # the global rank, when the group's membership is known
-    seq: int  # -1: no record yet; 0: the group exists but ran no collective
-    step: int
-    description: str
-    closed: bool
-    since_s: float | None  # seconds since the record last changed (entering, publishing, p2p)
-
-    @property
-    def label(self) -> str:
-        return f"rank {self.rank}" if self.rank is not None else f"group rank {self.group_rank}"
-
-
-@dataclass
-class Straggler:
-    """Ranks of a group that are behind while others wait in a later collective."""
-
-    ranks: list[int]  # global ranks (group ranks when membership is unknown)
-    seq: int  # the stragglers' position
-    description: str
-    behind: int  # how many collectives
-    waiting_ranks: list[int]
-    waiting_seq: int  # the operation the others wait in
-    waiting_description: str
-    waiting_s: float | None  # how long the longest waiter has waited
-    summary: str
 
 
 @dataclass
@@ -114,6 +84,7 @@ class RunStatus:
     time: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
+        """Plain dicts and lists, as ``fsdist status --json`` prints them."""
         return asdict(self)
 
     def straggler(self) -> Straggler | None:
@@ -146,7 +117,7 @@ def read_status(directory: str) -> RunStatus:
         missing = sorted(set(range(status.world_size)) - set(members))
         status.summary.append(
             f"generation {status.generation} is forming: {len(members)} of {status.world_size} ranks joined"
-            + (f" (waiting for ranks {_ranks(missing)})" if missing else "")
+            + (f" (waiting for ranks {list_ranks(missing)})" if missing else "")
         )
     elif all(m.liveness == "left" for m in status.members):
         status.state = "finished"
@@ -159,12 +130,12 @@ def read_status(directory: str) -> RunStatus:
         if member.liveness in ("dead", "stalled"):
             why = "is dead (its process is gone)" if member.liveness == "dead" else "stopped its heartbeat"
             status.summary.append(f"rank {member.rank} (pid {member.pid} on {member.host}) {why}")
-    status.holding_up = _holding_up(status.groups)
+    status.holding_up = holding_up([g.straggler for g in status.groups if g.ranks is not None])
     world_late = next((g.straggler.ranks for g in status.groups if g.name == "world" and g.straggler), [])
     if status.holding_up and status.holding_up != world_late:
         one = len(status.holding_up) == 1
         status.summary.append(
-            f"{'rank' if one else 'ranks'} {_ranks(status.holding_up)} wait{'s' if one else ''} for no one, and "
+            f"{'rank' if one else 'ranks'} {list_ranks(status.holding_up)} wait{'s' if one else ''} for no one, and "
             f"the others wait for {'it' if one else 'them'} (directly or through other ranks): start there"
         )
     for group in status.groups:
@@ -174,7 +145,7 @@ def read_status(directory: str) -> RunStatus:
         if group.straggler is not None:
             status.summary.append(group.straggler.summary + where)
     if status.state == "running" and not any(g.straggler or g.abort for g in status.groups):
-        status.summary.append(_in_step_line(status.groups))
+        status.summary.append(in_step_line(status.groups[0].positions if status.groups else []))
     _add_failure_line(status)
     return status
 
@@ -195,7 +166,7 @@ def _member(gen_dir: str, rank: int, data: dict[str, Any], now: float) -> Member
         liveness = "alive" if alive else "dead"
     else:
         limit = float(os.environ.get(ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS))
-        liveness = "heartbeat" if age is not None and age <= limit else "stalled"
+        liveness = "unknown" if age is None else "heartbeat" if age <= limit else "stalled"
     return MemberStatus(rank, who.host, who.pid, liveness, age, beats)
 
 
@@ -225,7 +196,7 @@ def _groups(gen_dir: str, world_size: int, now: float) -> list[GroupStatus]:
         positions = [_position(path, r, ranks, now) for r in range(count)]
         abort_raw, _ = _read_locked(os.path.join(path, "abort"))
         abort = abort_raw.decode(errors="replace") if abort_raw else None
-        groups.append(GroupStatus(name, path, ranks, positions, abort, _straggler(positions)))
+        groups.append(GroupStatus(name, path, ranks, positions, abort, find_straggler(positions)))
     groups.sort(key=lambda g: g.name != "world")
     return groups
 
@@ -258,78 +229,6 @@ def _position(group_dir: str, group_rank: int, ranks: list[int] | None, now: flo
         return RankPosition(group_rank, rank, -1, 0, f"(not an fsdist v{_STATE_VERSION} record)", False, since)
     desc = raw[_DESC_OFFSET : _DESC_OFFSET + desc_len].decode(errors="replace")
     return RankPosition(group_rank, rank, seq, step, desc or "(no collective yet)", bool(flags & FLAG_CLOSED), since)
-
-
-def _straggler(positions: list[RankPosition]) -> Straggler | None:
-    """The ranks at the lowest sequence number, when others already entered a later collective.
-
-    Only sequence numbers are compared: within one collective the steps a rank publishes depend
-    on its role (a broadcast's root publishes, the others only read), so equal sequence numbers
-    with different steps are normal.
-    """
-    live = [p for p in positions if p.seq >= 0 and not p.closed]
-    if len(live) < 2:
-        return None
-    low, high = min(p.seq for p in live), max(p.seq for p in live)
-    if low == high:
-        return None
-    late = [p for p in live if p.seq == low]
-    waiting = [p for p in live if p.seq == high]
-    wait_s = max((p.since_s for p in waiting if p.since_s is not None), default=None)
-    ids = [p.rank if p.rank is not None else p.group_rank for p in late]
-    word = "collective" if high - low == 1 else "collectives"
-    who = "rank" if len(late) == 1 else "ranks"
-    others = "the others wait" if len(late) + len(waiting) == len(live) else f"ranks {_ranks(_ids(waiting))} wait"
-    since = f" since {wait_s:.1f} s" if wait_s is not None else ""
-    at = (
-        f"at #{low} {late[0].description}"
-        if low > 0
-        else f"before {'its' if len(late) == 1 else 'their'} first collective"
-    )
-    summary = (
-        f"{who} {_ranks(ids)} {'is' if len(late) == 1 else 'are'} {high - low} {word} behind "
-        f"({at}): {others} in {waiting[0].description} #{high}{since}"
-    )
-    return Straggler(
-        ids, low, late[0].description, high - low, _ids(waiting), high, waiting[0].description, wait_s, summary
-    )
-
-
-def _holding_up(groups: list[GroupStatus]) -> list[int]:
-    """Ranks behind in some group's collective that wait in no group themselves.
-
-    A rank late in the world group may only be waiting for another rank in a subgroup; the
-    chain of waits ends at a rank that waits for nobody (computing, or blocked outside fsdist's
-    collectives). Groups of unknown membership are left out: their ranks cannot be matched.
-    """
-    late: set[int] = set()
-    waiting: set[int] = set()
-    for group in groups:
-        if group.straggler is not None and group.ranks is not None:
-            late.update(group.straggler.ranks)
-            waiting.update(group.straggler.waiting_ranks)
-    return sorted(late - waiting)
-
-
-def _in_step_line(groups: list[GroupStatus]) -> str:
-    world = groups[0] if groups else None
-    if world is None or not world.positions:
-        return "no process group has been created yet"
-    seqs = {p.seq for p in world.positions}
-    ages = [p.since_s for p in world.positions if p.since_s is not None]
-    last = f" (last change {min(ages):.1f} s ago)" if ages else ""
-    if len(seqs) == 1:
-        p = world.positions[0]
-        return f"all ranks are at #{p.seq} {p.description}{last}: computing, or in or past that collective"
-    return f"ranks are at operations {sorted(seqs)}{last}"
-
-
-def _ids(positions: list[RankPosition]) -> list[int]:
-    return [p.rank if p.rank is not None else p.group_rank for p in positions]
-
-
-def _ranks(ranks: list[int]) -> str:
-    return ", ".join(str(r) for r in ranks)
 
 
 # ---- the launcher -------------------------------------------------------------------------

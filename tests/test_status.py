@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -16,9 +17,20 @@ import cases_status as cases
 from harness import RankPool
 
 
-def _status(directory: str, *flags: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "fsdist", "status", directory, *flags]
+def _status(directory: str, *flags: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    command = [*prefix, sys.executable, "-m", "fsdist", "status", directory, *flags]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+#: `fsdist status` run in its own pid namespace sees the ranks as another machine would: their
+#: pids mean nothing there, so it can only go by their heartbeats
+ANOTHER_MACHINE = ("unshare", "--pid", "--fork", "--kill-child")
+
+
+def _another_machine_works() -> bool:
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run([*ANOTHER_MACHINE, "true"], capture_output=True).returncode == 0
 
 
 def _while_held_up(pool: RankPool, case: Any, straggler: int, release: str, ready: Any) -> tuple[list[Any], Any]:
@@ -43,7 +55,9 @@ def _while_held_up(pool: RankPool, case: Any, straggler: int, release: str, read
             assert time.monotonic() < deadline and not errors, f"the ranks never got held up: {errors}"
             time.sleep(0.05)
         time.sleep(0.3)  # a little waiting time, so "since" is visibly positive
-        shown = (_status(pool.directory, "--json"), _status(pool.directory))
+        shown = [_status(pool.directory, "--json"), _status(pool.directory)]
+        if _another_machine_works():
+            shown.append(_status(pool.directory, "--json", prefix=ANOTHER_MACHINE))
     finally:
         open(release, "w").close()
         runner.join(120)
@@ -53,7 +67,7 @@ def _while_held_up(pool: RankPool, case: Any, straggler: int, release: str, read
 
 def test_status_names_the_straggler_and_the_op_the_others_wait_in(pool_factory, tmp_path) -> None:
     pool = pool_factory(3)
-    results, (shown, text) = _while_held_up(
+    results, (shown, text, *elsewhere) = _while_held_up(
         pool, cases.straggle_before_all_reduce, 2, str(tmp_path / "release"), lambda s: s.straggler() is not None
     )
     assert results == [6.0] * 3
@@ -78,6 +92,12 @@ def test_status_names_the_straggler_and_the_op_the_others_wait_in(pool_factory, 
     assert "rank 2 is 1 collective behind (at #" in text.stdout
     assert "the others wait in all_reduce SUM float32[4] #" in text.stdout
 
+    for there in elsewhere:  # the same, seen from "another machine"
+        assert there.returncode == 0, there.stderr
+        remote = json.loads(there.stdout)
+        assert [m["liveness"] for m in remote["members"]] == ["heartbeat"] * 3
+        assert remote["groups"][0]["straggler"]["ranks"] == [2]
+
 
 def test_status_follows_waits_through_subgroups_to_the_rank_that_holds_everyone_up(pool_factory, tmp_path) -> None:
     pool = pool_factory(4)
@@ -85,7 +105,7 @@ def test_status_follows_waits_through_subgroups_to_the_rank_that_holds_everyone_
     def odd_group_held_up(status: Any) -> bool:
         return any(g.straggler is not None and g.ranks == [1, 3] for g in status.groups)
 
-    results, (shown, text) = _while_held_up(
+    results, (shown, text, *_) = _while_held_up(
         pool, cases.straggle_in_a_subgroup, 3, str(tmp_path / "release"), odd_group_held_up
     )
     assert results == [2.0] * 4
