@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -126,6 +127,13 @@ def test_status_reads_a_crashed_job_and_watch_repeats(tmp_path) -> None:
         pool.run_each(cases.crash_after_a_broadcast, [(directory, r, 3) for r in range(3)], deaths_expected=True)
     finally:
         pool.kill()
+    # what a failing rank and a launcher would have written (first writer wins in both)
+    (abort,) = glob.glob(os.path.join(directory, "gen-*", "groups", "k.0.0", "abort"))
+    with open(abort, "w") as marker:
+        marker.write("rank 1: DesyncError: on purpose")
+    os.makedirs(os.path.join(directory, ".launch", "gen-0"))
+    with open(os.path.join(directory, ".launch", "gen-0", "abort"), "w") as failure:
+        json.dump({"rank": 1, "exit_code": 1, "type": "DesyncError", "message": "on purpose"}, failure)
     shown = _status(directory, "--json", "--watch", "--interval", "0.1", "--count", "2")
     assert shown.returncode == 0, shown.stderr
     snapshots = [json.loads(line) for line in shown.stdout.splitlines()]
@@ -138,7 +146,12 @@ def test_status_reads_a_crashed_job_and_watch_repeats(tmp_path) -> None:
     assert [p["description"] for p in world["positions"]] == ["barrier"] * 3
     assert world["straggler"] is None
     assert any("is dead" in line for line in status["summary"])
+    assert world["abort"] == "rank 1: DesyncError: on purpose"
+    assert "group 'world' was aborted: rank 1: DesyncError: on purpose" in status["summary"]
+    assert status["launcher_failure"]["rank"] == 1
+    assert status["summary"][-1] == "the launcher recorded a failure of rank 1: DesyncError: on purpose"
     subprocess.run([sys.executable, "-m", "fsdist", "clean", directory], check=True, capture_output=True)
+    shutil.rmtree(os.path.join(directory, ".launch"))
     assert os.listdir(directory) == ["fsdist-rendezvous.json"]
     after = _status(directory)
     assert after.returncode == 0 and "no job in" in after.stdout
