@@ -9,9 +9,11 @@ runs the algorithm and copies results back.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -21,6 +23,8 @@ import torch.distributed as dist
 
 from . import collectives as coll
 from ._torch_compat import unwrap_store
+from .debug import enabled as debug_enabled
+from .debug import log_op, tensor_bytes
 from .defaults import DEFAULT_TIMEOUT
 from .describe import describe, reduction_of
 from .errors import FsdistError
@@ -28,6 +32,7 @@ from .liveness import Heartbeat, PeerWatch
 from .p2p import Mailbox, PendingReceive
 from .rendezvous import Generation
 from .staging import Staging, check_stageable
+from .status import GROUP_RANKS_KEY
 from .store import DirectoryStore, key_to_filename
 from .transport import GroupTransport
 from .waiting import Deadline
@@ -63,6 +68,10 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             [generation.members[g] for g in global_ranks], [generation.heartbeat_path(g) for g in global_ranks]
         )
         self._t = GroupTransport(directory, rank, size, watch, timeout.total_seconds())
+        if not is_world and rank == 0:  # `fsdist status` maps the group's ranks to the job's
+            store.set(GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(list(global_ranks)))
+        #: per-operation debug records (FSDIST_DEBUG=1): decided once, so they cost nothing when off
+        self._debug = debug_enabled()
         self._heartbeat = Heartbeat(generation.heartbeat_path(generation.rank)) if is_world else None
         self._seq = 0
         self._seq_lock = threading.Lock()
@@ -89,24 +98,41 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     # ---- running operations ---------------------------------------------------------------
 
-    def _submit(self, description: str, outputs: list[torch.Tensor], run: Callable[[Staging], None]) -> FsdistWork:
-        """Queue ``run`` as the next collective; it gets a Staging for its tensors."""
+    def _submit(
+        self, description: str, outputs: list[torch.Tensor], run: Callable[[Staging], None], inputs: Tensors = ()
+    ) -> FsdistWork:
+        """Queue ``run`` as the next collective; it gets a Staging for its tensors.
+
+        ``inputs`` (beside ``outputs``) only count towards the bytes in debug records.
+        """
         if self._closed:
             raise FsdistError(f"rank {self.rank()}: '{description}' called on a process group that was shut down")
         with self._seq_lock:
             self._seq += 1
             seq = self._seq
         work = FsdistWork(outputs, description)
+        nbytes = tensor_bytes(inputs, outputs) if self._debug else 0
 
         def execute() -> None:
-            staging = Staging()
-            with torch.no_grad():
-                self._t.enter(seq, description)
-                run(staging)
-                staging.finish()
-            log.debug("rank %d: %s #%d done", self.rank(), description, seq)
+            start = time.perf_counter() if self._debug else 0.0
+            error = ""
+            try:
+                staging = Staging()
+                with torch.no_grad():
+                    self._t.enter(seq, description)
+                    run(staging)
+                    staging.finish()
+            except BaseException as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                raise
+            finally:
+                if self._debug:
+                    self._log_op(seq, description, nbytes, time.perf_counter() - start, error)
 
         return self._queue.submit(work, execute)
+
+    def _log_op(self, seq: int | None, description: str, nbytes: int, seconds: float, error: str = "") -> None:
+        log_op(self._generation.rank, self._group_name, seq, description, nbytes, seconds, error)
 
     def _broke(self, error: BaseException) -> None:
         log.error("rank %d: process group %s broke: %s", self.rank(), self._group_name, error)
@@ -176,7 +202,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             ]
             coll.all_gather(self._t, by_rank, [s.input(x) for x in inputs])
 
-        return self._submit(desc, list(outputs), run)
+        return self._submit(desc, list(outputs), run, inputs)
 
     def _all_gather(
         self, name: str, by_rank: Sequence[Tensors], inputs: Tensors, flat: list[torch.Tensor]
@@ -188,6 +214,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             lambda s: coll.all_gather(
                 self._t, [[s.output(o) for o in outs] for outs in by_rank], [s.input(x) for x in inputs]
             ),
+            inputs,
         )
 
     def gather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any) -> FsdistWork:
@@ -201,7 +228,10 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             raise ValueError("gather: only the root may pass output tensors")
         desc = describe("gather", inputs, root=root)
         return self._submit(
-            desc, list(outputs), lambda s: coll.gather(self._t, [s.output(o) for o in outputs], s.input(tensor), root)
+            desc,
+            list(outputs),
+            lambda s: coll.gather(self._t, [s.output(o) for o in outputs], s.input(tensor), root),
+            [tensor],
         )
 
     def scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any) -> FsdistWork:
@@ -215,7 +245,10 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             raise ValueError("scatter: only the root may pass input tensors")
         desc = describe("scatter", outputs, root=root)
         return self._submit(
-            desc, [output], lambda s: coll.scatter(self._t, s.output(output), [s.input(x) for x in inputs], root)
+            desc,
+            [output],
+            lambda s: coll.scatter(self._t, s.output(output), [s.input(x) for x in inputs], root),
+            inputs,
         )
 
     def reduce_scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any) -> FsdistWork:
@@ -228,6 +261,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             desc,
             [output],
             lambda s: coll.reduce_scatter(self._t, [s.output(output)], [[s.input(x) for x in inputs]], reduction),
+            inputs,
         )
 
     def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> FsdistWork:
@@ -249,7 +283,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             ]
             coll.reduce_scatter(self._t, [s.output(o) for o in outputs], pieces, reduction)
 
-        return self._submit(desc, list(outputs), run)
+        return self._submit(desc, list(outputs), run, inputs)
 
     def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any) -> FsdistWork:
         if len(outputs) != self.size() or len(inputs) != self.size():
@@ -259,6 +293,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             desc,
             list(outputs),
             lambda s: coll.all_to_all(self._t, [s.output(o) for o in outputs], [s.input(x) for x in inputs]),
+            inputs,
         )
 
     def all_to_all_single(
@@ -273,7 +308,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             ins = list(s.input(tensor).split(in_splits)) if tensor.dim() else [s.input(tensor)]
             coll.all_to_all(self._t, outs, ins)
 
-        return self._submit(desc, [output], run)
+        return self._submit(desc, [output], run, [tensor])
 
     def barrier(self, opts: Any = None) -> FsdistWork:
         return self._submit("barrier", [], lambda s: coll.barrier(self._t))
@@ -292,12 +327,17 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         staging = Staging()
         hosts = [staging.input(x) for x in tensors]
         work = FsdistWork(list(tensors), desc)
+        start = time.perf_counter() if self._debug else 0.0
         try:
             self._t.send(dst, hosts, tag, desc)
         except BaseException as error:  # noqa: BLE001
             work.complete(error)
         else:
             work.complete()
+        if self._debug:
+            failed = work.exception()
+            seconds = time.perf_counter() - start
+            self._log_op(None, f"{desc} to {dst}", tensor_bytes(tensors), seconds, repr(failed) if failed else "")
         return work
 
     def recv(self, tensors: Tensors, src: int, tag: int) -> FsdistWork:
@@ -317,6 +357,14 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         staging = Staging()
         hosts = [staging.output(x) for x in tensors]
         work = _StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)
+        if self._debug:
+            start, nbytes = time.perf_counter(), tensor_bytes(tensors)
+
+            def report(error: BaseException | None, source: int | None) -> None:
+                what = f"{work.description} from {source if source is not None else src}"
+                self._log_op(None, what, nbytes, time.perf_counter() - start, repr(error) if error else "")
+
+            work.on_complete = report
         receive = PendingReceive(src, tag, hosts, Deadline(self._timeout.total_seconds()))
         return self._receives.post(work, receive)
 
@@ -375,6 +423,8 @@ class _StagedWork(FsdistWork):
     def __init__(self, outputs: list[torch.Tensor], description: str, staging: Staging) -> None:
         super().__init__(outputs, description)
         self._staging = staging
+        #: called with (error, source) when the receive ends; debug records use it
+        self.on_complete: Callable[[BaseException | None, int | None], None] | None = None
 
     def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
         if error is None:
@@ -382,6 +432,9 @@ class _StagedWork(FsdistWork):
                 self._staging.finish()
             except BaseException as exc:  # noqa: BLE001
                 error = exc
+        report, self.on_complete = self.on_complete, None  # the first outcome only, like complete()
+        if report is not None:
+            report(error, source)
         super().complete(error, source)
 
 

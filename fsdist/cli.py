@@ -17,6 +17,7 @@ from ._version import __version__
 #: (name, module under fsdist, one-line help).
 _COMMANDS: list[tuple[str, str, str]] = [
     ("run", "launcher", "start this node's ranks of a job (a port-free torchrun)"),
+    ("status", "status_cmd", "show a job's ranks, the operation each is in, and which rank holds the others up"),
     ("clean", "clean_cmd", "remove what a crashed run left in DIR (refuses while a run there is alive)"),
 ]
 

@@ -43,7 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nnodes", type=int, help="number of nodes (default: $SLURM_NNODES or 1)")
     parser.add_argument("--node-rank", type=int, help="this node's index (default: $SLURM_NODEID or 0)")
     parser.add_argument("--dir", required=True, help="the shared run directory")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds to wait for the other nodes")
+    parser.add_argument(
+        "--timeout", type=float, default=1800, help="seconds to wait for the other nodes (default 1800)"
+    )
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
 
