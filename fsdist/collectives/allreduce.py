@@ -12,6 +12,8 @@ other reduced slices ((N-1)·S/N). Per rank: writes S·(1+1/N), reads 2·S·(N-1
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..defaults import ALLREDUCE_SLICED_MIN_BYTES
@@ -44,7 +46,28 @@ def all_reduce(t: GroupTransport, tensor: torch.Tensor, reduction: Reduction, fi
             read_part(t, rank, first_step + 1, 0, flat[start:stop])
 
 
-def _reduce_every_input(t: GroupTransport, tensor: torch.Tensor, reduction: Reduction, step: int) -> None:
+def all_reduce_coalesced(t: GroupTransport, tensors: Sequence[torch.Tensor], reduction: Reduction) -> None:
+    """Reduce several tensors in one operation; small ones (or 2 ranks) share one publish.
+
+    Many small tensors (``allreduce_coalesced``, DDP's small buckets) would otherwise cost a
+    file, a record write and a round trip each: here every rank publishes them all as parts
+    of one message and reduces part by part. Large ones at N ≥ 3 keep the sliced algorithm,
+    one tensor after another (steps 2k+1 and 2k+2).
+    """
+    total = sum(x.numel() * x.element_size() for x in tensors)
+    if t.size == 1 or len(tensors) == 1 or not (t.size == 2 or total < ALLREDUCE_SLICED_MIN_BYTES):
+        for index, tensor in enumerate(tensors):
+            all_reduce(t, tensor, reduction, first_step=2 * index + 1)
+        return
+    t.publish(1, tensors)
+    for part, tensor in enumerate(tensors):
+        _reduce_every_input(t, tensor, reduction, 1, part)
+        finish(reduction, tensor, t.size)
+
+
+def _reduce_every_input(
+    t: GroupTransport, tensor: torch.Tensor, reduction: Reduction, step: int, part: int = 0
+) -> None:
     """``tensor <- x_0 (op) x_1 (op) ... (op) x_{N-1}``, in rank order, every x_r read from its file.
 
     The own input is already published, so ``tensor`` may be overwritten: rank 0 accumulates
@@ -54,7 +77,7 @@ def _reduce_every_input(t: GroupTransport, tensor: torch.Tensor, reduction: Redu
     other = scratch(tensor, 1)
     acc = tensor if t.rank == 0 else scratch(tensor, 0)
     if t.rank != 0:
-        read_part(t, 0, step, 0, acc)
+        read_part(t, 0, step, part, acc)
     for rank in range(1, t.size):
         if rank == t.rank:
             if rank == t.size - 1:
@@ -62,7 +85,7 @@ def _reduce_every_input(t: GroupTransport, tensor: torch.Tensor, reduction: Redu
                 return
             combine_into(reduction, acc, tensor)
             continue
-        read_part(t, rank, step, 0, other)
+        read_part(t, rank, step, part, other)
         combine_into(reduction, acc, other)
     if acc is not tensor:
         tensor.copy_(acc)
