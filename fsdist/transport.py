@@ -389,6 +389,9 @@ class GroupTransport:
         self._flags |= FLAG_CLOSED
         self._write_state()
         self._bell.ring(self._others)
+        for spare, _ in self._free:  # before counting out: the last rank removes the directory
+            unlink_quietly(spare)
+        self._free.clear()
         closed = Counter(os.path.join(self.directory, "closed"))
         try:
             last = closed.add(1) == self.size
@@ -398,9 +401,6 @@ class GroupTransport:
             record.close()
         self._bell.close()
         self._p2p_bell.close()
-        for spare, _ in self._free:
-            unlink_quietly(spare)
-        self._free.clear()
         self.watch.close()
         if last:
             remove_tree(self.directory)

@@ -37,6 +37,8 @@ def test_bench_against_gloo_verifies_prints_the_table_writes_csv_json_and_cleans
     assert {r["backend"] for r in rows} == {"fsdist", "gloo"}
     assert all(r["verified"] and r["iters"] == 3 and r["p50_s"] > 0 for r in rows), rows
     assert (tmp_path / "result.csv").read_text().count("\n") == len(rows) + 1
+    assert set(data["meta"]["blocked_cpu_s"]["2"]) == {"fsdist", "gloo"}
+    assert "blocked 1 s in a barrier (2 ranks)" in done.stdout
     assert os.listdir(tmp_path / "runs") == [], "the benchmark left its run directories behind"
 
 

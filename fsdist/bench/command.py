@@ -54,20 +54,27 @@ def run(args: argparse.Namespace) -> int:
     base = args.dir or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
     started = time.monotonic()
     rows: list[report.Row] = []
+    blocked: dict[str, dict[str, float]] = {}
     for world in worlds:
         print(f"fsdist bench: {world} ranks in {base} ...", file=sys.stderr, flush=True)
         try:
-            rows += report.summarise(world, _run_world(plan, world, base))
+            outputs = _run_world(plan, world, base)
         except RuntimeError as exc:
             print(f"fsdist bench: {exc}", file=sys.stderr)
             return 2
+        rows += report.summarise(world, [out["results"] for out in outputs])
+        if world > 1:  # the ranks that waited for rank 0: the worst of them
+            blocked[str(world)] = {b: max(out["blocked_cpu"][b] for out in outputs[1:]) for b in plan.backends}
     elapsed = time.monotonic() - started
     print(report.table(rows))
+    for label, cpu in blocked.items():
+        burnt = ", ".join(f"{backend} {seconds:.3f}" for backend, seconds in cpu.items())
+        print(f"blocked 1 s in a barrier ({label} ranks), CPU seconds: {burnt}")
     print(f"({len(rows)} cells in {elapsed:.0f} s, directory {base})")
     if args.out:
         meta = {"command": sys.argv, "plan": plan.to_json(), "worlds": worlds, "dir": base, "seconds": elapsed,
                 "machine": platform.platform(), "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                time.gmtime())}  # fmt: skip
+                time.gmtime()), "blocked_cpu_s": blocked}  # fmt: skip
         report.write_csv(rows, f"{args.out}.csv")
         report.write_json(rows, meta, f"{args.out}.json")
         written = [f"{args.out}.csv", f"{args.out}.json"]
@@ -93,8 +100,8 @@ def _plan(args: argparse.Namespace) -> Plan:
     return Plan(ops=ops, sizes=sizes, backends=backends, iters=args.iters, threads=args.threads)
 
 
-def _run_world(plan: Plan, world: int, base: str) -> list[list[dict[str, Any]]]:
-    """Run one world's ranks to completion; return each rank's result list."""
+def _run_world(plan: Plan, world: int, base: str) -> list[dict[str, Any]]:
+    """Run one world's ranks to completion; return each rank's output (results, blocked CPU)."""
     make_private_dir(base)
     work = tempfile.mkdtemp(prefix=f"fsdist-bench-w{world}-", dir=base)
     procs: list[subprocess.Popen[bytes]] = []
@@ -113,7 +120,7 @@ def _run_world(plan: Plan, world: int, base: str) -> list[list[dict[str, Any]]]:
         results = []
         for rank in range(world):
             with open(os.path.join(work, f"out.r{rank}")) as source:
-                results.append(json.load(source)["results"])
+                results.append(json.load(source))
         return results
     finally:
         for proc in procs:

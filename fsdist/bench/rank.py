@@ -46,6 +46,16 @@ def run_cell(op: str, nbytes: int, plan: Plan, group: dist.ProcessGroup) -> dict
     return {"op": op, "nbytes": case.nbytes, "requested": nbytes, "times": times, "cpu": cpu, "error": problem}
 
 
+def blocked_cpu(group: dist.ProcessGroup, seconds: float = 1.0) -> float:
+    """CPU seconds a rank burns while blocked ``seconds`` in a barrier (rank 0 arrives late)."""
+    dist.barrier(group=group)
+    if dist.get_rank(group) == 0:
+        time.sleep(seconds)
+    cpu0 = time.process_time()
+    dist.barrier(group=group)
+    return time.process_time() - cpu0
+
+
 def main(plan_path: str, out_path: str) -> int:
     with open(plan_path) as source:
         plan = Plan.from_json(json.load(source))
@@ -64,13 +74,14 @@ def main(plan_path: str, out_path: str) -> int:
             cell = run_cell(op, nbytes, plan, groups[backend])
             cell["backend"] = backend
             results.append(cell)
+    blocked = {backend: blocked_cpu(group) for backend, group in groups.items()}
     dist.barrier()
     if "gloo" in groups:
         dist.destroy_process_group(groups["gloo"])
     dist.destroy_process_group()
     temp = f"{out_path}.tmp"
     with open(temp, "w") as out:
-        json.dump({"rank": int(os.environ["RANK"]), "results": results}, out)
+        json.dump({"rank": int(os.environ["RANK"]), "results": results, "blocked_cpu": blocked}, out)
     os.replace(temp, out_path)
     return 0
 
