@@ -1,5 +1,5 @@
 # Everyday commands. `make demo` and `make test` are the README's two commands.
-.PHONY: demo test lint examples docs clean
+.PHONY: demo test lint examples docs bench clean
 
 demo:
 	scripts/demo.sh
@@ -17,6 +17,10 @@ examples:
 # render docs/ as a site at http://127.0.0.1:8000 (needs: pip install ".[docs]")
 docs:
 	mkdocs serve
+# fsdist beside Gloo, default sizes and ops at 2 and 4 ranks on /dev/shm (< 5 min on 2 cores);
+# writes fsdist-bench.csv/.json/.png (the plot needs matplotlib: pip install '.[plot]')
+bench:
+	.venv/bin/python -m fsdist bench $(if $(shell .venv/bin/python -c "import matplotlib" 2>/dev/null && echo y),--plot)
 
 clean:
 	rm -rf .venv build dist *.egg-info

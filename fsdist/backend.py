@@ -153,8 +153,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         desc = describe(name, tensors, reduction=reduction)
 
         def run(s: Staging) -> None:
-            for index, tensor in enumerate(tensors):
-                coll.all_reduce(self._t, s.inout(tensor), reduction, first_step=2 * index + 1)
+            coll.all_reduce_coalesced(self._t, [s.inout(x) for x in tensors], reduction)
 
         return self._submit(desc, list(tensors), run)
 

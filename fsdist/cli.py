@@ -19,6 +19,8 @@ _COMMANDS: list[tuple[str, str, str]] = [
     ("run", "launcher", "start this node's ranks of a job (a port-free torchrun)"),
     ("status", "status_cmd", "show a job's ranks, the operation each is in, and which rank holds the others up"),
     ("clean", "clean_cmd", "remove what a crashed run left in DIR (refuses while a run there is alive)"),
+    ("bench", "bench.command", "time every collective against Gloo in the same run (nccl-tests style)"),
+    ("bench locks", "lockbench", "N processes increment lock-guarded counters: lost updates, rate, latency"),
 ]
 
 

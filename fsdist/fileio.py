@@ -57,19 +57,26 @@ def open_file(path: str, flags: int, mode: int = FILE_MODE) -> int:
     return retrying(lambda: os.open(path, flags | OPEN_FLAGS, mode))
 
 
-def publish(directory: str, name: str, buffers: Sequence[memoryview | bytes]) -> str:
+def publish(directory: str, name: str, buffers: Sequence[memoryview | bytes], reuse: str | None = None) -> str:
     """Write ``buffers`` to ``directory/name`` atomically and return the final path.
 
     The data goes to a uniquely named temporary file first; ``rename`` then makes it visible
     complete or not at all. On any error (ENOSPC, EIO, ...) the temporary file is removed and
     the error names the path, so no reader can ever find a truncated message.
+
+    ``reuse`` names a retired file of this writer's (no reader can have it open, and no name
+    a reader looks up leads to it) to overwrite instead of creating one: on local filesystems
+    rewriting allocated pages runs ~2× faster than filling fresh ones. It is renamed into place
+    exactly like a temporary file, so readers see the same all-or-nothing publication.
     """
     final = os.path.join(directory, name)
-    temp = os.path.join(directory, f".tmp.{name}.{secrets.token_hex(4)}")
+    temp = reuse or os.path.join(directory, f".tmp.{name}.{secrets.token_hex(4)}")
     try:
-        fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        fd = open_file(temp, os.O_WRONLY | (0 if reuse else os.O_CREAT | os.O_EXCL))
         try:
-            _write_all(fd, buffers)
+            size = _write_all(fd, buffers)
+            if reuse and os.fstat(fd).st_size > size:
+                os.ftruncate(fd, size)
         finally:
             os.close(fd)
         retrying(lambda: os.rename(temp, final))
@@ -79,10 +86,13 @@ def publish(directory: str, name: str, buffers: Sequence[memoryview | bytes]) ->
     return final
 
 
-def _write_all(fd: int, buffers: Sequence[memoryview | bytes]) -> None:
+def _write_all(fd: int, buffers: Sequence[memoryview | bytes]) -> int:
     pending = [memoryview(b).cast("B") for b in buffers if len(b)]
+    total = sum(len(b) for b in pending)
+    position = 0
     while pending:
-        written = retrying(lambda: os.writev(fd, pending[:1024]))
+        written = retrying(lambda: os.pwritev(fd, pending[:1024], position))
+        position += written
         while written and pending:
             if written >= len(pending[0]):
                 written -= len(pending[0])
@@ -90,6 +100,7 @@ def _write_all(fd: int, buffers: Sequence[memoryview | bytes]) -> None:
             else:
                 pending[0] = pending[0][written:]
                 written = 0
+    return total
 
 
 def read_exact(fd: int, buffer: memoryview, offset: int, path: str) -> None:
@@ -101,6 +112,29 @@ def read_exact(fd: int, buffer: memoryview, offset: int, path: str) -> None:
         if got == 0:
             raise FsdistError(f"{path} ended after {offset + done} bytes; expected {offset + len(view)}")
         done += got
+
+
+#: Filesystems whose files live on this machine only: a rewritten file cannot be served from
+#: another client's stale cache, so retired message files may be reused (see transport).
+LOCAL_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "overlay"})
+
+
+def filesystem_type(path: str) -> str:
+    """The type of the filesystem holding ``path`` (``/proc/self/mountinfo``), or ``""``."""
+    real = os.path.realpath(path)
+    best, kind = "", ""
+    try:
+        with open("/proc/self/mountinfo") as mounts:
+            for line in mounts:
+                fields = line.split()
+                dash = fields.index("-")
+                point = fields[4].replace("\\040", " ")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[dash + 1]
+    except (OSError, ValueError, IndexError):
+        return ""
+    return kind
 
 
 def unlink_quietly(path: str) -> None:

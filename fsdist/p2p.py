@@ -47,6 +47,10 @@ class Mailbox:
         self._lock = threading.Lock()
         self._snapshot: dict[int, int] = {}
 
+    def sleep(self, seconds: float) -> None:
+        """Pause between passes; a peer's send ends the pause early (its doorbell)."""
+        self._t.wait_for_sends(seconds)
+
     def begin_pass(self) -> None:
         """Start a matching pass over the posted receives.
 

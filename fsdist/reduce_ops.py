@@ -14,7 +14,7 @@ from enum import Enum
 
 import torch
 
-__all__ = ["ReduceKind", "Reduction", "check_supported", "combine_into", "finish"]
+__all__ = ["ReduceKind", "Reduction", "check_supported", "combine_into", "combine_to", "finish"]
 
 
 class ReduceKind(Enum):
@@ -96,6 +96,25 @@ def _kernel_problem(kind: ReduceKind, dtype: torch.dtype) -> str | None:
 def combine_into(reduction: Reduction, acc: torch.Tensor, other: torch.Tensor) -> None:
     """``acc <- acc (op) other`` in place."""
     _COMBINE[reduction.kind](acc, other)
+
+
+# out <- first (op) second: the same operand order as acc (op) other, written where asked
+_COMBINE_TO: dict[ReduceKind, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]] = {
+    ReduceKind.SUM: lambda a, b, out: torch.add(a, b, out=out),
+    ReduceKind.AVG: lambda a, b, out: torch.add(a, b, out=out),
+    ReduceKind.PREMUL_SUM: lambda a, b, out: torch.add(a, b, out=out),
+    ReduceKind.PRODUCT: lambda a, b, out: torch.mul(a, b, out=out),
+    ReduceKind.MIN: lambda a, b, out: torch.minimum(a, b, out=out),
+    ReduceKind.MAX: lambda a, b, out: torch.maximum(a, b, out=out),
+    ReduceKind.BAND: lambda a, b, out: torch.bitwise_and(a, b, out=out),
+    ReduceKind.BOR: lambda a, b, out: torch.bitwise_or(a, b, out=out),
+    ReduceKind.BXOR: lambda a, b, out: torch.bitwise_xor(a, b, out=out),
+}
+
+
+def combine_to(reduction: Reduction, first: torch.Tensor, second: torch.Tensor, out: torch.Tensor) -> None:
+    """``out <- first (op) second``; ``out`` may be ``second`` (saves a copy, keeps the order)."""
+    _COMBINE_TO[reduction.kind](first, second, out)
 
 
 def finish(reduction: Reduction, acc: torch.Tensor, world_size: int) -> None:

@@ -25,9 +25,18 @@ from dataclasses import dataclass
 import torch
 
 from . import message
-from .defaults import GC_EVERY, MAX_UNRECEIVED_SENDS, RUN_AHEAD
+from .defaults import (
+    ENV_REUSE_FILES,
+    GC_BYTES,
+    GC_EVERY,
+    MAX_UNRECEIVED_SENDS,
+    REUSE_FILES,
+    REUSE_MIN_BYTES,
+    RUN_AHEAD,
+)
+from .doorbell import Doorbell
 from .errors import DesyncError, FsdistTimeoutError, PeerFailedError
-from .fileio import make_private_dir, publish, remove_tree, unlink_quietly
+from .fileio import LOCAL_FILESYSTEMS, filesystem_type, make_private_dir, publish, remove_tree, unlink_quietly
 from .liveness import PeerWatch
 from .locked_record import Counter, LockedRecord
 from .waiting import Deadline, poll
@@ -85,12 +94,21 @@ class GroupTransport:
         self._sent = [0] * size
         self._send_lock = threading.Lock()
         self._peer_seq = [-1] * size
-        self._published: deque[tuple[int, str]] = deque()
+        self._published: deque[tuple[int, str, int]] = deque()  # (seq, path, bytes), oldest first
+        self._published_bytes = 0
+        self._free: list[tuple[str, int]] = []  # retired own message files kept for reuse
+        self._retired = 0
+        self._reuse = _reuse_files(directory)
         # running hash of every description so far, per seq: two ranks whose hashes differ at
         # the same seq called different operations somewhere, even if neither waited then
         self._chain = 0
         self._history: dict[int, tuple[int, str]] = {0: (0, "")}
         self._history_order: deque[int] = deque([0])
+        self._others = [r for r in range(size) if r != rank]
+        self._bell = Doorbell(directory, rank, size)
+        # receives are matched on their own thread: a bell of their own, so neither waiter
+        # swallows the other's wake-up
+        self._p2p_bell = Doorbell(directory, rank, size, name="pwake")
         self._write_state()
 
     # ---- own progress -------------------------------------------------------------------
@@ -105,8 +123,9 @@ class GroupTransport:
         if len(self._history_order) > _HISTORY:
             self._history.pop(self._history_order.popleft(), None)
         self._write_state()
-        if seq % GC_EVERY == 0:
+        if seq % GC_EVERY == 0 or self._published_bytes > GC_BYTES:
             self.collect_garbage()  # also compares peers' history hashes with this rank's
+        if seq % GC_EVERY == 0:
             reason = self.abort_reason()  # a rank that never waits must still hear of failures
             if reason is not None:
                 raise PeerFailedError(f"{self._where()}: the group was aborted: {reason}")
@@ -125,15 +144,27 @@ class GroupTransport:
             return self._timed_out(slowest, f"operation #{self._seq - RUN_AHEAD // 2}")
 
         # every peer's health, not just the one that looked slowest: cached positions go stale
-        poll(caught_up, self._deadline(), timed_out, lambda: self._check_health(None))
+        poll(caught_up, self._deadline(), timed_out, lambda: self._check_health(None), self._bell.wait)
 
     def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
         """Publish this rank's message for (current seq, ``step``), then advance the record."""
         name = self._message_name(self.rank, self._seq, step)
-        path = publish(self.directory, name, message.encode(self._seq, tag, self._description, tensors))
-        self._published.append((self._seq, path))
+        buffers = message.encode(self._seq, tag, self._description, tensors)
+        size = sum(len(b) for b in buffers)
+        path = publish(self.directory, name, buffers, self._take_free(size))
+        self._published.append((self._seq, path, size))
+        self._published_bytes += size
+        self.advance(step)
+
+    def advance(self, step: int) -> None:
+        """Announce step ``step`` of the current operation (published, or a message-less step).
+
+        Only steps ring the peers' doorbells: a peer waits for a step, never for ``enter``
+        alone, so ringing there would wake (and on shared cores, preempt for) nothing.
+        """
         self._step = step
         self._write_state()
+        self._bell.ring(self._others)  # after the record: a woken peer finds what it waits for
 
     def _write_state(self) -> None:
         desc = self._description.encode()[:_DESC_MAX]
@@ -186,7 +217,13 @@ class GroupTransport:
                 )
             return None
 
-        poll(arrived, self._deadline(), lambda: self._timed_out(peer, f"step {step}"), lambda: self._check_health(peer))
+        poll(
+            arrived,
+            self._deadline(),
+            lambda: self._timed_out(peer, f"step {step}"),
+            lambda: self._check_health(peer),
+            self._bell.wait,
+        )
 
     def open_message(self, peer: int, step: int) -> message.Message:
         """Open ``peer``'s message for (current seq, ``step``); call ``wait_for`` first."""
@@ -223,6 +260,7 @@ class GroupTransport:
             publish(self.directory, name, message.encode(index, tag, description, tensors))
             self._sent[dst] = index + 1
             self._records[self.rank].write(_P2P_SLOT.pack(index + 1), self._sent_slot(dst))
+            self._p2p_bell.ring([dst])
         return index
 
     def sent_to_me(self, src: int) -> int:
@@ -250,6 +288,10 @@ class GroupTransport:
 
     def _received_slot(self, src: int) -> int:
         return _P2P_OFFSET + _P2P_SLOT.size * (self.size + src)
+
+    def wait_for_sends(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, less if a peer sends this rank a message meanwhile."""
+        self._p2p_bell.wait(seconds)
 
     def open_p2p(self, src: int, index: int) -> message.Message:
         return message.Message(os.path.join(self.directory, self._p2p_name(src, self.rank, index)))
@@ -311,12 +353,45 @@ class GroupTransport:
                 self.peer_state(peer)
         done_below = min((s for r, s in enumerate(self._peer_seq) if r != self.rank), default=self._seq + 1)
         while self._published and self._published[0][0] < done_below:
-            unlink_quietly(self._published.popleft()[1])
+            _, path, size = self._published.popleft()
+            self._published_bytes -= size
+            self._retire(path, size)
+
+    def _retire(self, path: str, size: int) -> None:
+        """Delete a message every peer is done with, or keep it (hidden) to be rewritten.
+
+        Every peer has moved past its operation, so none has it open or will look it up again;
+        after the rename no name a reader uses leads to it.
+        """
+        if self._reuse and size >= REUSE_MIN_BYTES and len(self._free) < REUSE_FILES:
+            spare = os.path.join(self.directory, f".free.r{self.rank}.{self._retired}")
+            self._retired += 1
+            try:
+                os.rename(path, spare)
+            except OSError:
+                unlink_quietly(path)
+            else:
+                self._free.append((spare, size))
+                return
+        unlink_quietly(path)
+
+    def _take_free(self, size: int) -> str | None:
+        """A retired file to rewrite for a message of ``size`` bytes: the smallest that fits, else the largest."""
+        if size < REUSE_MIN_BYTES or not self._free:
+            return None
+        fits = [f for f in self._free if f[1] >= size]
+        choice = min(fits, key=lambda f: f[1]) if fits else max(self._free, key=lambda f: f[1])
+        self._free.remove(choice)
+        return choice[0]
 
     def close(self) -> bool:
         """Leave the group. The last rank to leave removes the group directory; returns True then."""
         self._flags |= FLAG_CLOSED
         self._write_state()
+        self._bell.ring(self._others)
+        for spare, _ in self._free:  # before counting out: the last rank removes the directory
+            unlink_quietly(spare)
+        self._free.clear()
         closed = Counter(os.path.join(self.directory, "closed"))
         try:
             last = closed.add(1) == self.size
@@ -324,6 +399,8 @@ class GroupTransport:
             closed.close()
         for record in (*self._records, self._abort):
             record.close()
+        self._bell.close()
+        self._p2p_bell.close()
         self.watch.close()
         if last:
             remove_tree(self.directory)
@@ -341,3 +418,16 @@ class GroupTransport:
     @staticmethod
     def _p2p_name(src: int, dst: int, index: int) -> str:
         return f"p{src}-{dst}.{index}"
+
+
+def _reuse_files(directory: str) -> bool:
+    """Whether retired message files may be rewritten here: local filesystems only.
+
+    On a network filesystem another client may still cache the old pages of a rewritten
+    inode (default GlusterFS does; NFS revalidates on open, but only as finely as its change
+    attribute): a fresh file per message is the path that is correct everywhere.
+    """
+    setting = os.environ.get(ENV_REUSE_FILES, "")
+    if setting in ("0", "1"):
+        return setting == "1"
+    return filesystem_type(directory) in LOCAL_FILESYSTEMS

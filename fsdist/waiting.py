@@ -10,7 +10,14 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from .defaults import FIRST_SLEEP_SECONDS, HEALTH_CHECK_SECONDS, MAX_SLEEP_SECONDS, SPIN_SECONDS
+from .defaults import (
+    FIRST_SLEEP_SECONDS,
+    HEALTH_CHECK_SECONDS,
+    LONG_SLEEP_SECONDS,
+    LONG_WAIT_SECONDS,
+    MAX_SLEEP_SECONDS,
+    SPIN_SECONDS,
+)
 
 T = TypeVar("T")
 
@@ -36,23 +43,26 @@ def poll(
     deadline: Deadline,
     on_timeout: Callable[[], BaseException],
     health_check: Callable[[], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> T:
     """Call ``attempt`` until it returns something other than ``None``.
 
     ``health_check`` runs every ``HEALTH_CHECK_SECONDS`` and raises to end the wait early
     (abort marker, dead peer). When the deadline passes, ``on_timeout()`` is raised.
+    ``sleep(seconds)`` pauses between attempts; a doorbell's wait returns early when rung.
     """
     result = attempt()
     if result is not None:
         return result
     start = time.monotonic()
     next_health = start + HEALTH_CHECK_SECONDS
-    sleep = FIRST_SLEEP_SECONDS
+    pause = FIRST_SLEEP_SECONDS
     while True:
         now = time.monotonic()
         if now - start > SPIN_SECONDS:
-            time.sleep(sleep)
-            sleep = min(sleep * 2, MAX_SLEEP_SECONDS)
+            sleep(pause)
+            cap = MAX_SLEEP_SECONDS if now - start < LONG_WAIT_SECONDS else LONG_SLEEP_SECONDS
+            pause = min(pause * 2, cap)
             now = time.monotonic()
         result = attempt()
         if result is not None:

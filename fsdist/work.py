@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .defaults import MAX_SLEEP_SECONDS
+from .defaults import MAX_SLEEP_SECONDS, REDUCE_THREADS
 from .errors import FsdistError, FsdistTimeoutError, GroupBrokenError
 from .p2p import Mailbox, PendingReceive
 
@@ -156,6 +156,8 @@ class OpQueue:
         return work
 
     def _run(self) -> None:
+        if REDUCE_THREADS > 0:
+            torch.set_num_threads(REDUCE_THREADS)  # this thread's reductions only (see defaults)
         while (item := self._queue.get()) is not None:
             work, run = item
             if self.broken is not None:
@@ -230,7 +232,7 @@ class ReceiveLoop:
                 except BaseException as exc:  # noqa: BLE001
                     self._fail_all(exc)
             sleep = min(max(sleep * 2, 20e-6), MAX_SLEEP_SECONDS)
-            time.sleep(sleep)
+            self._mailbox.sleep(sleep)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:

@@ -6,7 +6,7 @@ in are contiguous CPU tensors; the backend adapter stages everything else.
 """
 
 from .allgather import all_gather
-from .allreduce import all_reduce
+from .allreduce import all_reduce, all_reduce_coalesced
 from .alltoall import all_to_all
 from .barrier import barrier
 from .broadcast import broadcast
@@ -18,6 +18,7 @@ from .scatter import scatter
 __all__ = [
     "all_gather",
     "all_reduce",
+    "all_reduce_coalesced",
     "all_to_all",
     "barrier",
     "broadcast",

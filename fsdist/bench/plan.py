@@ -1,0 +1,80 @@
+"""What one benchmark run measures: operations, sizes, world sizes, iteration counts.
+
+Iteration counts depend only on the size, never on timings measured on the way, so every rank
+of a world runs the same loop without having to agree on anything.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "sendrecv", "barrier")
+DEFAULT_SIZES = "8,1K,64K,1M,16M,64M"
+DEFAULT_RANKS = "2,4"
+BACKENDS = ("fsdist", "gloo")
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """``8``, ``1K``, ``64KiB``, ``16M`` -> bytes (binary units, as nccl-tests)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", text.upper())
+    if not match:
+        raise ValueError(f"not a size: {text!r} (examples: 8, 1K, 64K, 16M)")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+def format_size(nbytes: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if nbytes >= scale and nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return str(nbytes)
+
+
+def iterations(nbytes: int, mode: str) -> tuple[int, int]:
+    """(warm-up, timed) iterations for one cell: many for small messages, few for 64 MiB.
+
+    ``mode`` is ``default``, ``small`` (a smoke test: a handful each) or a fixed count.
+    """
+    if mode == "small":
+        return 2, 3
+    if mode != "default":
+        count = int(mode)
+        return max(1, count // 10), count
+    if nbytes <= 64 << 10:
+        return 10, 200
+    if nbytes <= 1 << 20:
+        return 5, 50
+    if nbytes <= 16 << 20:
+        return 2, 12
+    return 2, 6
+
+
+@dataclass
+class Plan:
+    """Everything a rank needs to run its share of the benchmark (travels as JSON)."""
+
+    ops: list[str]
+    sizes: list[int]
+    backends: list[str]
+    iters: str = "default"
+    threads: int = 0  # torch intra-op threads per rank; 0 keeps torch's default
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Plan:
+        return cls(**data)
+
+    def cells(self) -> list[tuple[str, int]]:
+        """(op, size) in run order; a barrier moves no data, so it runs once, at size 0."""
+        cells: list[tuple[str, int]] = []
+        for size in self.sizes:
+            cells += [(op, size) for op in self.ops if op != "barrier"]
+        if "barrier" in self.ops:
+            cells.append(("barrier", 0))
+        return cells

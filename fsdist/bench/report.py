@@ -1,0 +1,153 @@
+"""From per-rank iteration times to statistics, the ratio table, CSV, JSON and a plot.
+
+Per iteration the slowest rank's time counts (an operation is done when its last rank is);
+the median and p99 are over iterations. Bandwidths are in GB/s (10⁹ bytes per second).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .ops import bus_factor
+from .plan import format_size
+
+
+@dataclass
+class Row:
+    """One (world, op, size, backend) cell, summarised over ranks and iterations."""
+
+    world: int
+    op: str
+    nbytes: int
+    backend: str
+    iters: int
+    p50_s: float
+    p99_s: float
+    algbw_gbps: float
+    busbw_gbps: float
+    cpu_s_per_op: float  # CPU seconds per operation per rank (mean over ranks)
+    verified: bool
+    error: str | None
+
+
+def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
+    """Combine the ranks' result lists (same cells in the same order on every rank)."""
+    rows = []
+    for cells in zip(*per_rank, strict=True):
+        first = cells[0]
+        slowest = [max(times) for times in zip(*(c["times"] for c in cells), strict=True)]
+        p50 = statistics.median(slowest)
+        p99 = _percentile(slowest, 0.99)
+        algbw = first["nbytes"] / p50 / 1e9 if p50 > 0 else 0.0
+        errors = [f"rank {r}: {c['error']}" for r, c in enumerate(cells) if c["error"]]
+        rows.append(
+            Row(
+                world=world,
+                op=first["op"],
+                nbytes=first["nbytes"],
+                backend=first["backend"],
+                iters=len(slowest),
+                p50_s=p50,
+                p99_s=p99,
+                algbw_gbps=algbw,
+                busbw_gbps=algbw * bus_factor(first["op"], world),
+                cpu_s_per_op=statistics.fmean(c["cpu"] for c in cells) / max(1, len(slowest)),
+                verified=not errors,
+                error="; ".join(errors) or None,
+            )
+        )
+    return rows
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _time(seconds: float) -> str:
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.2f} s"
+
+
+def table(rows: list[Row]) -> str:
+    """The side-by-side table: per cell fsdist and Gloo, and Gloo time / fsdist time."""
+    cells: dict[tuple[int, str, int], dict[str, Row]] = {}
+    for row in rows:
+        cells.setdefault((row.world, row.op, row.nbytes), {})[row.backend] = row
+    header = (
+        f"{'ranks':>5} {'op':<14} {'size':>5} | {'fsdist p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9} |"
+        f" {'gloo p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9} | {'speedup':>7} ok"
+    )
+    lines = [header, "-" * len(header)]
+    for (world, op, nbytes), pair in cells.items():
+        fs, gl = pair.get("fsdist"), pair.get("gloo")
+        parts = [f"{world:>5} {op:<14} {format_size(nbytes):>5}"]
+        for side in (fs, gl):
+            if side is None:
+                parts.append(f"{'-':>10} {'-':>10} {'-':>6} {'-':>9}")
+            else:
+                bw = f"{side.busbw_gbps:6.2f}" if side.busbw_gbps else f"{'-':>6}"
+                parts.append(f"{_time(side.p50_s):>10} {_time(side.p99_s):>10} {bw} {_time(side.cpu_s_per_op):>9}")
+        speedup = f"{gl.p50_s / fs.p50_s:6.2f}×" if fs and gl and fs.p50_s > 0 else f"{'-':>7}"
+        ok = all(r.verified for r in pair.values())
+        parts.append(f"{speedup} {'ok' if ok else 'FAILED'}")
+        lines.append(" | ".join(parts))
+    lines.append("speedup = Gloo p50 / fsdist p50 (> 1: fsdist faster); busbw in GB/s; cpu/op per rank")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[Row], path: str) -> None:
+    with open(path, "w", newline="") as out:
+        writer = csv.DictWriter(out, fieldnames=list(asdict(rows[0]).keys()) if rows else ["world"])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow(asdict(row))
+
+
+def write_json(rows: list[Row], meta: dict[str, Any], path: str) -> None:
+    with open(path, "w") as out:
+        json.dump({"meta": meta, "rows": [asdict(r) for r in rows]}, out, indent=1)
+
+
+def plot(rows: list[Row], path: str) -> None:
+    """Bus bandwidth against size, one panel per op, a line per (backend, world)."""
+    import matplotlib  # type: ignore[import-not-found,unused-ignore]  # the optional [plot] extra
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # type: ignore[import-not-found,unused-ignore]
+
+    ops = [op for op in dict.fromkeys(r.op for r in rows) if op != "barrier"]
+    if not ops:
+        return
+    columns = min(3, len(ops))
+    lines = math.ceil(len(ops) / columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(5 * columns, 3.6 * lines), squeeze=False)
+    for ax, op in zip(axes.flat, ops, strict=False):
+        series: dict[tuple[str, int], list[Row]] = {}
+        for row in rows:
+            if row.op == op:
+                series.setdefault((row.backend, row.world), []).append(row)
+        for (backend, world), points in sorted(series.items()):
+            style = "-" if backend == "fsdist" else "--"
+            ax.plot([p.nbytes for p in points], [p.busbw_gbps for p in points], style, marker="o",
+                    label=f"{backend} ×{world}")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(op)
+        ax.set_xlabel("size (bytes)")
+        ax.set_ylabel("bus bandwidth (GB/s)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(ops) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,141 @@
+"""``python -m fsdist bench`` and ``bench locks``: they run, verify, report and clean up.
+
+Correctness of the tools only; speed is never asserted (CI machines are shared and noisy).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fsdist.bench import report
+from fsdist.bench.plan import Plan, iterations, parse_size
+from fsdist.lockbench import measure
+
+
+def _bench(tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "fsdist", "bench", "--dir", str(tmp_path / "runs"), "--out",
+               str(tmp_path / "result"), *args]  # fmt: skip
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_against_gloo_verifies_prints_the_table_writes_csv_json_and_cleans_up(tmp_path) -> None:
+    ops = "all_reduce,broadcast,all_gather,reduce_scatter,all_to_all,sendrecv,barrier"
+    done = _bench(tmp_path, "--ranks", "2", "--sizes", "8,1K", "--ops", ops, "--iters", "small", "--against", "gloo")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "speedup" in done.stdout and "FAILED" not in done.stdout, done.stdout
+    data = json.loads((tmp_path / "result.json").read_text())
+    rows = data["rows"]
+    # 6 sized ops × 2 sizes + one barrier, each for both backends
+    assert len(rows) == 2 * (6 * 2 + 1)
+    assert {r["backend"] for r in rows} == {"fsdist", "gloo"}
+    assert all(r["verified"] and r["iters"] == 3 and r["p50_s"] > 0 for r in rows), rows
+    assert (tmp_path / "result.csv").read_text().count("\n") == len(rows) + 1
+    assert set(data["meta"]["blocked_cpu_s"]["2"]) == {"fsdist", "gloo"}
+    assert "blocked 1 s in a barrier (2 ranks)" in done.stdout
+    assert os.listdir(tmp_path / "runs") == [], "the benchmark left its run directories behind"
+
+
+def test_bench_four_ranks_fsdist_only(tmp_path) -> None:
+    done = _bench(tmp_path, "--ranks", "4", "--sizes", "64", "--ops", "all_reduce,all_to_all,sendrecv",
+                  "--iters", "small", "--against", "none")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = json.loads((tmp_path / "result.json").read_text())["rows"]
+    assert [r["backend"] for r in rows] == ["fsdist"] * 3 and all(r["verified"] for r in rows)
+    assert all(r["nbytes"] == 64 for r in rows)
+
+
+def test_the_first_iteration_check_catches_a_wrong_result(tmp_path) -> None:
+    # a one-rank group told it is one of two: every reduction comes out wrong and must be caught
+    script = textwrap.dedent(f"""
+        import torch.distributed as dist, fsdist
+        from fsdist.bench.ops import make_case
+        dist.init_process_group("fsdist", init_method="fsdist://{tmp_path}/run", rank=0, world_size=1)
+        group = dist.group.WORLD
+        case = make_case("all_reduce", 64, 0, 2, group)
+        case.run()
+        print("all_reduce", case.check())
+        case = make_case("broadcast", 64, 0, 1, group)
+        case.run()
+        print("broadcast", case.check())
+        dist.destroy_process_group()
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert "16 of 16 elements wrong" in lines["all_reduce"], lines
+    assert lines["broadcast"] == "None"
+
+
+def test_bad_arguments_are_usage_errors(tmp_path) -> None:
+    assert _bench(tmp_path, "--ops", "all_reduce,nonsense").returncode == 2
+    assert _bench(tmp_path, "--sizes", "12Q").returncode == 2
+    assert _bench(tmp_path, "--iters", "lots").returncode == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed")
+def test_plot_without_matplotlib_says_what_to_install(tmp_path) -> None:
+    done = _bench(tmp_path, "--plot", "--ranks", "2", "--sizes", "8", "--iters", "small")
+    assert done.returncode == 2 and "matplotlib" in done.stderr
+
+
+def test_summary_takes_the_slowest_rank_per_iteration() -> None:
+    cell = {"op": "all_reduce", "nbytes": 1 << 20, "backend": "fsdist", "cpu": 0.3, "error": None}
+    ranks = [[{**cell, "times": [1.0, 3.0, 2.0]}], [{**cell, "times": [2.0, 1.0, 2.0], "cpu": 0.6}]]
+    (row,) = report.summarise(2, ranks)
+    assert row.p50_s == 2.0 and row.p99_s == 3.0 and row.iters == 3
+    assert row.busbw_gbps == pytest.approx((1 << 20) / 2.0 / 1e9)  # 2(n-1)/n = 1 at n = 2
+    assert row.cpu_s_per_op == pytest.approx(0.15) and row.verified
+    bad = [[{**cell, "times": [1.0], "error": "1 of 4 elements wrong"}], [{**cell, "times": [1.0]}]]
+    (row,) = report.summarise(2, bad)
+    assert not row.verified and "rank 0" in (row.error or "")
+
+
+def test_plan_sizes_and_iterations() -> None:
+    assert [parse_size(s) for s in ("8", "1K", "64KiB", "16M", "1G")] == [8, 1024, 65536, 16 << 20, 1 << 30]
+    assert iterations(8, "small") == (2, 3) and iterations(8, "40") == (4, 40)
+    warm, timed = iterations(64 << 20, "default")
+    assert 1 <= warm and 1 <= timed <= iterations(8, "default")[1]
+    plan = Plan(ops=["barrier", "all_reduce"], sizes=[8, 1024], backends=["fsdist"])
+    assert plan.cells() == [("all_reduce", 8), ("all_reduce", 1024), ("barrier", 0)]
+
+
+# ---- bench locks --------------------------------------------------------------------------
+
+
+def test_lock_benchmark_loses_no_update_and_cleans_up(tmp_path) -> None:
+    result = measure(str(tmp_path), procs=3, seconds=0.3)
+    assert result.lost_updates == 0 and result.increments == result.final_value > 0
+    assert len(result.per_process) == 3 and all(n > 0 for n in result.per_process)
+    assert 0 < result.p50_us <= result.p99_us <= result.max_us
+    assert os.listdir(tmp_path) == []
+
+
+def test_lock_benchmark_through_a_second_path_to_the_same_directory(tmp_path) -> None:
+    result = measure(str(tmp_path), procs=2, seconds=0.2, peer_directory=os.path.join(str(tmp_path), "."))
+    assert result.lost_updates == 0 and result.final_value > 0
+
+
+def test_lock_benchmark_cli_json_has_the_promised_keys(tmp_path) -> None:
+    command = [sys.executable, "-m", "fsdist", "bench", "locks", str(tmp_path), "-n", "2", "--seconds", "0.2", "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert {"lost_updates", "acquisitions_per_s", "p50_us", "p99_us", "max_us"} <= result.keys()
+    assert result["lost_updates"] == 0
+
+
+def test_lock_benchmark_refuses_a_peer_mount_that_is_not_the_same_directory(tmp_path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    command = [sys.executable, "-m", "fsdist", "bench", "locks", str(tmp_path / "a"), "--peer-mount",
+               str(tmp_path / "b"), "--seconds", "0.1"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "not another mount" in done.stderr
+    assert os.listdir(tmp_path / "a") == []
