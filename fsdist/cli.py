@@ -18,6 +18,7 @@ from ._version import __version__
 _COMMANDS: list[tuple[str, str, str]] = [
     ("run", "launcher", "start this node's ranks of a job (a port-free torchrun)"),
     ("clean", "clean_cmd", "remove what a crashed run left in DIR (refuses while a run there is alive)"),
+    ("doctor", "doctor", "check that the filesystem of DIR is safe for fsdist (locks, rename, visibility)"),
 ]
 
 
