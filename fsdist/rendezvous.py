@@ -122,6 +122,10 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
             return json.dumps(state).encode()
 
         def formed() -> dict[str, Any] | None:
+            nonlocal record
+            if me["fs_hazard"]:  # a held descriptor may never see other clients' writes here
+                record.close()
+                record = LockedRecord(os.path.join(root, RENDEZVOUS_FILE))
             try:
                 record.update(join)
                 fs_guard.check_members(root, state.get("members", {}), warned)
@@ -141,6 +145,7 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
                 f"rank {rank}: rendezvous in {root} timed out after {deadline.seconds:.0f} s; "
                 f"{len(state.get('members', {}))} of {world_size} ranks joined "
                 f"(ranks {sorted(int(r) for r in state.get('members', {}))})"
+                + (f"; and this rank's mount is unsafe across clients: {me['fs_hazard']}" if me["fs_hazard"] else "")
             ),
         )
         slot = my_slot()
