@@ -18,7 +18,7 @@ from typing import Any
 
 from .defaults import ENV_ALLOW_UNSAFE_FS
 from .errors import RendezvousError
-from .mounts import client_key, cross_client_hazard
+from .mounts import client_key, cross_client_hazard, local_hazard
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +32,14 @@ def allowed() -> bool:
 def describe_client(root: str) -> dict[str, str]:
     """What this rank adds to its rendezvous entry: its client, and its mount's hazard (or "")."""
     try:
-        return {"client": client_key(root), "fs_hazard": cross_client_hazard(root) or ""}
+        return {
+            "client": client_key(root),
+            "fs_hazard": cross_client_hazard(root) or "",
+            "fs_local_hazard": local_hazard(root) or "",
+        }
     except OSError as exc:  # no /proc/self/mountinfo (not Linux): nothing known
         log.debug("fsdist: cannot classify the filesystem of %s: %s", root, exc)
-        return {"client": "", "fs_hazard": ""}
+        return {"client": "", "fs_hazard": "", "fs_local_hazard": ""}
 
 
 def _error(root: str, hazard: str, why: str) -> RendezvousError:
@@ -53,9 +57,15 @@ def corrupted(root: str, hazard: str, path: str, exc: Exception) -> RendezvousEr
     )
 
 
-def refuse_known_multinode(root: str, me: dict[str, Any]) -> None:
+def refuse_known_multinode(root: str, me: dict[str, Any], world_size: int) -> None:
     """Before joining: a job that says it spans nodes (SLURM, torchrun/fsdist run) is refused at
-    once on a hazardous mount, before its lock-guarded rendezvous file can be corrupted."""
+    once on a hazardous mount, before its lock-guarded rendezvous file can be corrupted; so is
+    any job of several ranks on a mount whose locks do not even exclude within one client."""
+    if me.get("fs_local_hazard") and world_size > 1:
+        error = _error(root, me["fs_local_hazard"], "this job has several ranks")
+        if not allowed():
+            raise error
+        log.warning("fsdist: %s (starting anyway: %s is set)", error, ENV_ALLOW_UNSAFE_FS)
     hazard = me.get("fs_hazard")
     nodes = int(os.environ.get("SLURM_NNODES", os.environ.get("SLURM_JOB_NUM_NODES", "1")) or 1)
     world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")

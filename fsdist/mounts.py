@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["Finding", "Mount", "classify", "client_key", "cross_client_hazard", "find_mount"]
+__all__ = ["Finding", "Mount", "classify", "client_key", "cross_client_hazard", "find_mount", "local_hazard"]
 
 OK, WARN, UNSAFE = "ok", "warn", "unsafe"
 
@@ -253,9 +253,11 @@ def classify(mount: Mount) -> list[Finding]:
                 return [
                     Finding(
                         "locking",
-                        WARN,
-                        "bindfs --enable-lock-forwarding: locks reach the underlying directory "
-                        "(but lockf does not exclude within one such mount, measured)",
+                        UNSAFE,
+                        "bindfs --enable-lock-forwarding takes every lock as the bindfs process itself: "
+                        "processes on one mount do not exclude each other (measured: half of the "
+                        "lock-guarded increments lost, on one mount and across two)",
+                        "use the underlying directory; fsdist would corrupt data even on one machine",
                     )
                 ]
             return [
@@ -288,6 +290,13 @@ def classify(mount: Mount) -> list[Finding]:
     return [
         Finding("locking", WARN, f"{fstype}: not a filesystem fsdist knows", "test it with python -m fsdist doctor")
     ]
+
+
+def local_hazard(path: str) -> str | None:
+    """Why even ranks on *one* client of ``path``'s filesystem would corrupt each other's data."""
+    mount = find_mount(path)
+    bad = [f for f in classify(mount) if f.verdict == UNSAFE and "even on one machine" in f.fix]
+    return f"{mount.fstype} at {mount.mount_point}: {bad[0].detail} (fix: {bad[0].fix})" if bad else None
 
 
 def cross_client_hazard(path: str) -> str | None:

@@ -91,7 +91,7 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
     root = os.path.realpath(root)  # the run directory itself may sit behind a link (/scratch -> ...)
     make_private_dir(root)
     me = {**this_process().to_json(), "nonce": secrets.token_hex(8), **fs_guard.describe_client(root)}
-    fs_guard.refuse_known_multinode(root, me)
+    fs_guard.refuse_known_multinode(root, me, world_size)
     record = LockedRecord(os.path.join(root, RENDEZVOUS_FILE))
     warned: set[str] = set()
     try:

@@ -182,3 +182,22 @@ def test_ranks_on_one_bindfs_mount_start_and_the_override_works(two_bindfs_mount
         pool.kill()
     unsafe = RankPool(2, directories=[a, b], env={"FSDIST_ALLOW_UNSAFE_FS": "1"})
     unsafe.kill()  # it started; running on it could corrupt it, so nothing more
+
+
+def test_bindfs_with_lock_forwarding_is_refused_even_on_one_mount(tmp_path) -> None:
+    """Forwarded locks are all the bindfs daemon's own: two processes on one mount do not exclude."""
+    if not _bindfs_usable():
+        pytest.skip("needs root, /dev/fuse and bindfs (apt-get install bindfs)")
+    from harness import RankError, RankPool
+
+    src, a = tmp_path / "src", tmp_path / "a"
+    src.mkdir()
+    a.mkdir()
+    (src / "job").mkdir(mode=0o700)
+    subprocess.run(["bindfs", "--multithreaded", "--enable-lock-forwarding", str(src), str(a)], check=True)
+    try:
+        with pytest.raises(RankError) as error:
+            RankPool(2, directories=[str(a / "job")] * 2, group_timeout=20)
+        assert "refusing to start: this job has several ranks" in str(error.value)
+    finally:
+        subprocess.run(["umount", str(a)], check=False)
