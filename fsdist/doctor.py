@@ -16,6 +16,7 @@ import os
 import secrets
 import sys
 import time
+import traceback
 from dataclasses import asdict
 from typing import Any
 
@@ -45,7 +46,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = diagnose(args.directory, args.peer_mount)
     except (OSError, RuntimeError) as exc:
-        print(f"fsdist doctor: could not check {args.directory}: {exc}", file=sys.stderr)
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f"{os.path.basename(frame.filename)}:{frame.lineno} {frame.line}"
+        print(f"fsdist doctor: could not check {args.directory}: {exc} (in {where})", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report, indent=2))
