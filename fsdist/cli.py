@@ -21,6 +21,7 @@ _COMMANDS: list[tuple[str, str, str]] = [
     ("clean", "clean_cmd", "remove what a crashed run left in DIR (refuses while a run there is alive)"),
     ("bench", "bench.command", "time every collective against Gloo in the same run (nccl-tests style)"),
     ("bench locks", "lockbench", "N processes increment lock-guarded counters: lost updates, rate, latency"),
+    ("doctor", "doctor", "check that the filesystem of DIR is safe for fsdist (locks, rename, visibility)"),
 ]
 
 

@@ -13,6 +13,10 @@ ENV_DEBUG = "FSDIST_DEBUG"
 #: torch's own default for non-NCCL process groups.
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 
+#: Set to ``1`` to start even where ranks on different clients (hosts or mounts) of the run
+#: directory's filesystem would not exclude each other's locks (see docs/filesystems.md).
+ENV_ALLOW_UNSAFE_FS = "FSDIST_ALLOW_UNSAFE_FS"
+
 #: Waiting: spin this long re-checking at once, then sleep with doubling pauses up to the cap.
 #: The cap bounds both the wake-up latency of a long wait and the CPU a blocked rank burns.
 SPIN_SECONDS = 50e-6

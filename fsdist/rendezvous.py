@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from . import fs_guard
 from .defaults import DEFAULT_TIMEOUT, ENV_DIR
 from .errors import RendezvousError
 from .fileio import make_private_dir, remove_tree
@@ -89,8 +90,10 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
         raise RendezvousError(f"rank {rank} is outside a world of size {world_size}")
     root = os.path.realpath(root)  # the run directory itself may sit behind a link (/scratch -> ...)
     make_private_dir(root)
-    me = {**this_process().to_json(), "nonce": secrets.token_hex(8)}
+    me = {**this_process().to_json(), "nonce": secrets.token_hex(8), **fs_guard.describe_client(root)}
+    fs_guard.refuse_known_multinode(root, me, world_size)
     record = LockedRecord(os.path.join(root, RENDEZVOUS_FILE))
+    warned: set[str] = set()
     try:
         state: dict[str, Any] = {}
 
@@ -101,6 +104,9 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
         def join(old: bytes) -> bytes | None:
             nonlocal state
             state = _parse(old)
+            members = state.get("members", {}).values()
+            if any(m.get("refused") for m in members) and any(_staying(m) for m in members):
+                return None  # a member refused this filesystem: fail like it did (fs_guard)
             if my_slot() is not None:
                 return None  # already a member: just watching the generation fill up
             verdict = _judge(state, rank, world_size, me)
@@ -116,7 +122,19 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
             return json.dumps(state).encode()
 
         def formed() -> dict[str, Any] | None:
-            record.update(join)
+            nonlocal record
+            if me["fs_hazard"]:  # a held descriptor may never see other clients' writes here
+                record.close()
+                record = LockedRecord(os.path.join(root, RENDEZVOUS_FILE))
+            try:
+                record.update(join)
+                fs_guard.check_members(root, state.get("members", {}), warned)
+            except RendezvousError as exc:
+                if "refusing to start" not in str(exc) and me["fs_hazard"]:  # the file itself was corrupted
+                    raise fs_guard.corrupted(root, me["fs_hazard"], record.path, exc) from exc
+                reason = str(exc)
+                record.update(lambda old: _mark_refused(old, me["nonce"], reason))
+                raise
             return state if my_slot() is not None and state["complete"] else None
 
         deadline = Deadline(timeout.total_seconds())
@@ -127,6 +145,7 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
                 f"rank {rank}: rendezvous in {root} timed out after {deadline.seconds:.0f} s; "
                 f"{len(state.get('members', {}))} of {world_size} ranks joined "
                 f"(ranks {sorted(int(r) for r in state.get('members', {}))})"
+                + (f"; and this rank's mount is unsafe across clients: {me['fs_hazard']}" if me["fs_hazard"] else "")
             ),
         )
         slot = my_slot()
@@ -172,6 +191,16 @@ def clean(root: str, force: bool = False) -> list[str]:
 
         record.update(wipe)
     return removed
+
+
+def _mark_refused(old: bytes, nonce: str, reason: str) -> bytes | None:
+    """Record that this rank refused the generation, so its peers fail with the same reason."""
+    state = _parse(old)
+    mine = [m for m in state.get("members", {}).values() if m.get("nonce") == nonce]
+    if not mine:
+        return None
+    mine[0].update(left=True, refused=reason)
+    return json.dumps(state).encode()
 
 
 def _parse(raw: bytes) -> dict[str, Any]:

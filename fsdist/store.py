@@ -149,13 +149,17 @@ class DirectoryStore(dist.Store):
         return os.path.join(self.directory, key_to_filename(key))
 
     def _read(self, key: str) -> bytes | None:
+        # a value replaced by rename while it is read gives ESTALE on NFS: open it again
+        return retrying(lambda: self._read_once(key))
+
+    def _read_once(self, key: str) -> bytes | None:
         try:
             fd = open_file(self._path(key), os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
             chunks = []
-            while chunk := retrying(lambda: os.read(fd, 1 << 20)):
+            while chunk := os.read(fd, 1 << 20):
                 chunks.append(chunk)
             return b"".join(chunks)
         finally:
@@ -165,8 +169,18 @@ class DirectoryStore(dist.Store):
         publish(self.directory, key_to_filename(key), [value])
 
     def _wait_value(self, key: str, deadline: Deadline) -> bytes:
+        name = key_to_filename(key)
+
+        def attempt() -> bytes | None:
+            value = self._read(key)
+            if value is None and name in os.listdir(self.directory):
+                # NFS caches "no such name" for up to acdirmax (~30 s) after a failed open;
+                # listing the directory revalidates it, so a new key is seen in milliseconds
+                value = self._read(key)
+            return value
+
         return poll(
-            lambda: self._read(key),
+            attempt,
             deadline,
             lambda: FsdistTimeoutError(
                 f"store {self.directory}: key {key!r} did not appear within {deadline.seconds:.1f} s"

@@ -44,10 +44,14 @@ class RankPool:
         env: dict[str, str] | None = None,
         group_timeout: float = GROUP_TIMEOUT,
         mount_tmpfs_size: str | None = None,
+        directories: list[str] | None = None,
     ) -> None:
-        """``mount_tmpfs_size`` (root only): run in a tmpfs of that size, to test a full disk."""
+        """``mount_tmpfs_size`` (root only): run in a tmpfs of that size, to test a full disk.
+        ``directories``: each rank's path to the (existing) run directory, e.g. the same folder
+        through two mounts ("two nodes"); the first is the one checked and removed at the end."""
         self.world_size = world_size
-        self.directory = tempfile.mkdtemp(prefix=f"fsdist-test-w{world_size}-")
+        paths = directories or [tempfile.mkdtemp(prefix=f"fsdist-test-w{world_size}-")] * world_size
+        self.directory = paths[0]
         self._mounted = False
         if mount_tmpfs_size:
             subprocess.run(
@@ -62,7 +66,7 @@ class RankPool:
             parent, child = ctx.Pipe()
             proc = ctx.Process(
                 target=_rank_main,
-                args=(rank, world_size, self.directory, child, init, env or {}, group_timeout),
+                args=(rank, world_size, paths[rank], child, init, env or {}, group_timeout),
                 daemon=True,
             )
             proc.start()

@@ -1,0 +1,58 @@
+"""One rank of the NFS-in-VM check: collectives, p2p and a short DDP run, results checked."""
+
+from __future__ import annotations
+
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import fsdist  # noqa: F401
+
+
+def main() -> None:
+    directory, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    start = time.monotonic()
+    dist.init_process_group("fsdist", init_method=f"fsdist://{directory}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=600))  # fmt: skip
+    t0 = time.monotonic()
+    for n in (1, 1000, 300_000):
+        t = torch.full((n,), float(rank + 1))
+        dist.all_reduce(t)
+        assert torch.all(t == world * (world + 1) / 2), "all_reduce"
+        b = torch.full((n,), float(rank))
+        dist.broadcast(b, src=world - 1)
+        assert torch.all(b == world - 1), "broadcast"
+        out = [torch.empty(n) for _ in range(world)]
+        dist.all_gather(out, torch.full((n,), float(rank)))
+        assert all(torch.all(o == r) for r, o in enumerate(out)), "all_gather"
+    send = torch.full((10,), float(rank))
+    recv = torch.empty(10)
+    ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+    assert torch.all(recv == (rank - 1) % world), "p2p ring"
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        torch.manual_seed(100 * step + rank)
+        opt.zero_grad()
+        model(torch.randn(8, 16)).pow(2).mean().backward()
+        opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = [torch.empty_like(flat) for _ in range(world)]
+    dist.all_gather(gathered, flat)
+    assert all(torch.equal(g, flat) for g in gathered), "DDP replicas differ"
+    ops_s = time.monotonic() - t0
+    dist.destroy_process_group()
+    print(f"rank {rank} PASS init {t0 - start:.1f} s, work {ops_s:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except Exception as exc:  # noqa: BLE001 - reported to the result file
+        print(f"rank {sys.argv[2]} FAIL {type(exc).__name__}: {exc}", flush=True)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# make test-nfs: fsdist on kernel NFS v3, inside a QEMU VM (this host's kernel has no NFS client).
+# Root only. Installs qemu-system-x86, busybox-static and nfs-kernel-server if missing, fetches a
+# Debian kernel image, builds an initramfs whose /init mounts this host's root read-only over 9p
+# (so the VM runs this checkout's .venv) and a work folder read-write, then runs guest.sh there:
+# an NFS server exporting a tmpfs, mounted twice over 127.0.0.1 (the second with nosharecache:
+# two clients), doctor across the two mounts, and ranks split across them.
+# Result: the work folder's result.txt (also printed). ~several minutes under software emulation.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+work=${1:-/var/tmp/fsdist-nfs-vm}
+mkdir -p "$work"; work=$(cd "$work" && pwd)
+[ "$(id -u)" = 0 ] || { echo "test-nfs: needs root" >&2; exit 77; }
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+[ -x /bin/busybox ] || need+=(busybox-static)
+command -v rpc.nfsd >/dev/null || need+=(nfs-kernel-server)
+# qemu: the VM; busybox-static: the initramfs; nfs-kernel-server: rpcbind/statd/mountd/nfsd run in the guest
+[ ${#need[@]} = 0 ] || apt-get install -y -q --no-install-recommends "${need[@]}" >"$work/apt.log"
+kver=${FSDIST_NFS_KERNEL:-6.1.0-50-amd64}
+if [ ! -d "$work/k/lib/modules/$kver" ]; then
+  (cd "$work" && apt-get download "linux-image-$kver" >/dev/null 2>&1 && dpkg -x linux-image-"$kver"_*.deb k)
+fi
+rm -rf "$work/initrd" && mkdir -p "$work/initrd"/{bin,mods,proc,sys,dev,host}
+cp /bin/busybox "$work/initrd/bin/"
+python3 "$repo/scripts/nfs-vm/modorder.py" "$work/k/lib/modules/$kver" virtio_pci 9pnet_virtio 9p nfsv3 nfsv4 nfsd veth \
+  | while read -r ko; do cp "$ko" "$work/initrd/mods/"; basename "$ko"; done >"$work/initrd/mods/order"
+cat >"$work/initrd/init" <<INIT
+#!/bin/busybox sh
+/bin/busybox --install -s /bin
+mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
+for pass in 1 2; do for m in \$(cat /mods/order); do insmod /mods/\$m 2>/dev/null; done; done
+mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288 hostroot /host
+mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 share /host$work
+chroot /host /bin/bash $repo/scripts/nfs-vm/guest.sh $repo $work > /host$work/guest.log 2>&1
+sync; poweroff -f
+INIT
+chmod +x "$work/initrd/init"
+(cd "$work/initrd" && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1 >"$work/initrd.gz")
+rm -f "$work/result.txt"
+timeout "${FSDIST_NFS_TIMEOUT:-1500}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 3G -smp 2 -nographic -no-reboot \
+  -kernel "$work/k/boot/vmlinuz-$kver" -initrd "$work/initrd.gz" \
+  -append "console=ttyS0 rdinit=/init panic=-1 quiet" \
+  -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+  -virtfs "local,path=$work,mount_tag=share,security_model=none" -nic none >"$work/console.log" 2>&1 || true
+cat "$work/guest.log" 2>/dev/null | tail -40
+[ -f "$work/result.txt" ] && cat "$work/result.txt" && grep -q "^RESULT PASS" "$work/result.txt"

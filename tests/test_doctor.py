@@ -1,0 +1,203 @@
+"""``fsdist doctor`` and the mount classification behind it (and behind the start-up refusal)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from fsdist.mounts import OK, UNSAFE, WARN, classify, find_mount
+
+
+def _doctor(*args: str) -> tuple[int, dict]:
+    done = subprocess.run(
+        [sys.executable, "-m", "fsdist", "doctor", *args, "--json"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def _verdicts(report: dict) -> dict[str, str]:
+    return {f["name"]: f["verdict"] for f in report["findings"]}
+
+
+def test_doctor_passes_local_disk(tmp_path) -> None:
+    rc, report = _doctor(str(tmp_path), "--peer-mount", str(tmp_path))
+    assert rc == 0 and report["verdict"] == OK, report
+    assert _verdicts(report)["lost updates"] == OK
+    assert os.listdir(tmp_path) == []  # its scratch folder is gone
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK), reason="no writable /dev/shm")
+def test_doctor_passes_tmpfs(tmp_path) -> None:
+    directory = os.path.join("/dev/shm", os.path.basename(tmp_path))
+    os.mkdir(directory)
+    try:
+        rc, report = _doctor(directory)
+        assert rc == 0 and report["verdict"] == OK, report
+        assert report["mounts"]["A"]["fstype"] == "tmpfs"
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_doctor_explains_a_directory_that_is_not_the_peer(tmp_path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "fsdist", "doctor", str(tmp_path / "a"), "--peer-mount", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "not the same directory" in done.stderr
+
+
+def _bindfs_usable() -> bool:
+    return os.geteuid() == 0 and shutil.which("bindfs") is not None and os.path.exists("/dev/fuse")
+
+
+@pytest.mark.skipif(not _bindfs_usable(), reason="needs root, /dev/fuse and bindfs (apt-get install bindfs)")
+def test_doctor_flags_two_bindfs_mounts_as_unsafe_with_lost_updates(tmp_path) -> None:
+    src, a, b = (tmp_path / n for n in ("src", "a", "b"))
+    for d in (src, a, b):
+        d.mkdir()
+    mounted = []
+    try:
+        for target in (a, b):
+            subprocess.run(["bindfs", str(src), str(target)], check=True)
+            mounted.append(target)
+        rc, report = _doctor(str(a), "--peer-mount", str(b))
+        print(json.dumps(report["findings"], indent=1))
+        verdicts = _verdicts(report)
+        assert rc == 1 and report["verdict"] == UNSAFE
+        assert verdicts["locking (A)"] == UNSAFE  # from the mount: bindfs without lock forwarding
+        assert verdicts["lock exclusion"] == UNSAFE  # measured
+        lost = next(f for f in report["findings"] if f["name"] == "lost updates")
+        assert lost["verdict"] == UNSAFE and not lost["detail"].startswith("0 of"), lost
+    finally:
+        for target in mounted:
+            subprocess.run(["umount", str(target)], check=False)
+
+
+# ---- classification from mount options (no mounts needed) ------------------------------
+
+
+def _mountinfo(tmp_path, fstype: str, source: str, options: str) -> str:
+    path = tmp_path / "mountinfo"
+    path.write_text(
+        "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n"
+        f"50 27 0:50 / /shared rw,relatime - {fstype} {source} rw,{options}\n"
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("fstype", "options", "locking"),
+    [
+        ("nfs", "vers=3,nolock,proto=tcp", UNSAFE),
+        ("nfs4", "vers=4.2,local_lock=posix", UNSAFE),
+        ("nfs4", "vers=4.2,local_lock=all", UNSAFE),
+        ("nfs4", "vers=4.2,local_lock=flock", OK),  # fsdist takes fcntl locks, not flock
+        ("nfs", "vers=3,local_lock=none", OK),
+        ("lustre", "flock,lazystatfs", OK),
+        ("lustre", "localflock", UNSAFE),
+        ("lustre", "noflock", UNSAFE),
+        ("gpfs", "", OK),
+        ("fuse.sshfs", "user_id=0", UNSAFE),
+        ("fuse.somethingnew", "user_id=0", WARN),
+    ],
+)
+def test_mount_options_decide_the_locking_verdict(tmp_path, fstype: str, options: str, locking: str) -> None:
+    mount = find_mount("/shared/run/job", _mountinfo(tmp_path, fstype, "srv:/export", options))
+    assert mount.mount_point == "/shared" and mount.fstype == fstype
+    found = {f.name: f for f in classify(mount)}
+    assert found["locking"].verdict == locking, found
+    if locking == UNSAFE:
+        assert found["locking"].fix
+
+
+def test_nfs_lookupcache_default_is_a_warning_with_the_fix(tmp_path) -> None:
+    default = find_mount("/shared", _mountinfo(tmp_path, "nfs4", "srv:/", "vers=4.2"))
+    assert {f.name: f.fix for f in classify(default)}["lookup cache"] == "mount with lookupcache=positive"
+    positive = find_mount("/shared", _mountinfo(tmp_path, "nfs4", "srv:/", "vers=4.2,lookupcache=positive"))
+    assert "lookup cache" not in {f.name for f in classify(positive)}
+
+
+def test_mountinfo_escapes_are_decoded(tmp_path) -> None:
+    path = tmp_path / "mountinfo"
+    path.write_text("27 1 254:0 / / rw - ext4 /dev/vda rw\n51 27 0:51 / /mnt/a\\040b rw - tmpfs tmpfs rw\n")
+    assert find_mount("/mnt/a b/x", str(path)).fstype == "tmpfs"
+
+
+# ---- the start-up refusal (fsdist.fs_guard) -------------------------------------------
+
+
+@pytest.fixture
+def two_bindfs_mounts(tmp_path):
+    if not _bindfs_usable():
+        pytest.skip("needs root, /dev/fuse and bindfs (apt-get install bindfs)")
+    src, a, b = (tmp_path / n for n in ("src", "a", "b"))
+    for d in (src, a, b):
+        d.mkdir()
+    (src / "job").mkdir(mode=0o700)
+    mounted = []
+    try:
+        for target in (a, b):
+            subprocess.run(["bindfs", str(src), str(target)], check=True)
+            mounted.append(target)
+        yield str(a / "job"), str(b / "job")
+    finally:
+        for target in mounted:
+            subprocess.run(["umount", str(target)], check=False)
+
+
+def test_ranks_on_two_bindfs_mounts_refuse_to_start(two_bindfs_mounts) -> None:
+    from harness import RankError, RankPool
+
+    a, b = two_bindfs_mounts
+    with pytest.raises(RankError) as error:
+        RankPool(2, directories=[a, b], group_timeout=20)
+    text = str(error.value)
+    assert "refusing to start" in text and "bindfs without --enable-lock-forwarding" in text, text
+    assert "FSDIST_ALLOW_UNSAFE_FS=1" in text
+    assert "rank(s) [0, 1]" in text  # both ranks fail, with the same reason
+
+
+def test_ranks_on_one_bindfs_mount_start_and_the_override_works(two_bindfs_mounts) -> None:
+    import cases_collectives
+    from harness import RankPool
+
+    a, b = two_bindfs_mounts
+    pool = RankPool(2, directories=[a, a])  # one client: its local locks are enough
+    try:
+        results = pool.run(cases_collectives.all_reduce, "SUM", "float32")
+        assert not any(r["failures"] for r in results)
+    finally:
+        # not close(): FUSE keeps a file unlinked while another rank holds it open as
+        # .fuse_hidden*, so the last rank's remove_tree can leave empty folders behind
+        pool.kill()
+    unsafe = RankPool(2, directories=[a, b], env={"FSDIST_ALLOW_UNSAFE_FS": "1"})
+    unsafe.kill()  # it started; running on it could corrupt it, so nothing more
+
+
+def test_bindfs_with_lock_forwarding_is_refused_even_on_one_mount(tmp_path) -> None:
+    """Forwarded locks are all the bindfs daemon's own: two processes on one mount do not exclude."""
+    if not _bindfs_usable():
+        pytest.skip("needs root, /dev/fuse and bindfs (apt-get install bindfs)")
+    from harness import RankError, RankPool
+
+    src, a = tmp_path / "src", tmp_path / "a"
+    src.mkdir()
+    a.mkdir()
+    (src / "job").mkdir(mode=0o700)
+    subprocess.run(["bindfs", "--multithreaded", "--enable-lock-forwarding", str(src), str(a)], check=True)
+    try:
+        with pytest.raises(RankError) as error:
+            RankPool(2, directories=[str(a / "job")] * 2, group_timeout=20)
+        assert "refusing to start: this job has several ranks" in str(error.value)
+    finally:
+        subprocess.run(["umount", str(a)], check=False)

@@ -1,0 +1,111 @@
+"""fsdist on a real shared filesystem: GlusterFS, ranks split across two mounts ("two nodes").
+
+``scripts/gluster-up.sh`` brings glusterd and two volumes up from scratch on this host (root
+only; it apt-gets the packages if they are missing): ``strict`` (client caches off, zero
+timeouts, direct I/O: lock-coherent) and ``default`` (Gluster's defaults). Each volume is
+mounted twice, A and B; ranks 0 and 1 reach the run directory through A, ranks 2 and 3 through
+B, so every lock and every read crosses clients as it would between nodes.
+
+On ``strict`` the core collectives, p2p and a short DDP run must be correct. On ``default`` a
+read under an fcntl lock returns old data through the other mount, lock-guarded counters lose
+half their updates and the rendezvous file itself is corrupted (docs/filesystems.md), so
+fsdist must refuse to start, naming the volume options and mount options to change.
+
+Skipped when not root or GlusterFS cannot be installed, unless ``FSDIST_REQUIRE_GLUSTER=1``
+(CI), which makes that a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import cases_collectives
+import cases_p2p
+import cases_training
+from harness import RankError, RankPool
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts")
+REQUIRED = os.environ.get("FSDIST_REQUIRE_GLUSTER", "") not in ("", "0")
+
+
+@pytest.fixture(scope="module")
+def gluster() -> Iterator[str]:
+    """The state folder of a running GlusterFS: ``<state>/{strict,default}/{A,B}`` are mounts."""
+    if os.geteuid() != 0 and not REQUIRED:
+        pytest.skip("GlusterFS tests need root (glusterd, mount)")
+    # outside the suite's TMPDIR: its clean-up must never walk into a mount
+    state = tempfile.mkdtemp(prefix="fsdist-gluster-", dir="/var/tmp")
+    start = time.monotonic()
+    up = subprocess.run([os.path.join(SCRIPTS, "gluster-up.sh"), state], capture_output=True, text=True)
+    try:
+        if up.returncode == 77 and not REQUIRED:
+            pytest.skip(f"GlusterFS unavailable: {up.stderr.strip()}")
+        assert up.returncode == 0, f"gluster-up.sh failed:\n{up.stdout}\n{up.stderr}"
+        print(f"\nGlusterFS up in {time.monotonic() - start:.1f} s")
+        yield state
+    finally:
+        subprocess.run([os.path.join(SCRIPTS, "gluster-down.sh"), state], check=False)
+        shutil.rmtree(state, ignore_errors=True)
+
+
+def _split_pool(state: str, mode: str, world: int = 4, **kwargs: object) -> RankPool:
+    """A pool whose first half of ranks use mount A and the second half mount B."""
+    job = tempfile.mkdtemp(prefix="fsdist-test-gluster-", dir=os.path.join(state, mode, "A"))
+    through_b = os.path.join(state, mode, "B", os.path.basename(job))
+    dirs = [job if rank < world // 2 else through_b for rank in range(world)]
+    return RankPool(world, directories=dirs, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def strict_pool(gluster: str) -> Iterator[RankPool]:
+    pool = _split_pool(gluster, "strict")
+    yield pool
+    pool.close()
+
+
+def _no_failures(results: list) -> None:
+    failures = [
+        f"rank {r}: {f}" for r, res in enumerate(results) for f in (res["failures"] if isinstance(res, dict) else res)
+    ]
+    assert not failures, "\n".join(failures[:40])
+
+
+@pytest.mark.parametrize(
+    ("case", "args"),
+    [
+        (cases_collectives.all_reduce, ("SUM", "float32")),
+        (cases_collectives.all_reduce, ("MAX", "int64")),
+        (cases_collectives.reduce_scatter, ("SUM", "float32")),
+        (cases_collectives.broadcast, ("float32",)),
+        (cases_collectives.all_gather, ("bfloat16",)),
+        (cases_collectives.all_to_all, ("int32",)),
+        (cases_collectives.barrier_and_ordering, ()),
+        (cases_p2p.tags_and_order, ()),
+        (cases_p2p.any_source, ()),
+        (cases_p2p.batch_exchange, ()),
+    ],
+    ids=lambda v: v.__name__ if callable(v) else "-".join(v),
+)
+def test_strict_gluster_two_mounts(strict_pool: RankPool, case, args) -> None:
+    start = time.monotonic()
+    _no_failures(strict_pool.run(case, *args))
+    print(f"{case.__name__}{args}: {time.monotonic() - start:.1f} s")
+
+
+def test_strict_gluster_ddp(strict_pool: RankPool) -> None:
+    assert max(strict_pool.run(cases_training.ddp_matches_reference, "plain")) <= 1e-6
+
+
+def test_default_gluster_is_refused_with_the_fix(gluster: str) -> None:
+    with pytest.raises(RankError) as error:
+        _split_pool(gluster, "default", group_timeout=20)
+    text = str(error.value)
+    assert "refusing to start" in text and "FSDIST_ALLOW_UNSAFE_FS" in text, text
+    assert "performance." in text and "attribute-timeout=0" in text, text
