@@ -114,29 +114,6 @@ def read_exact(fd: int, buffer: memoryview, offset: int, path: str) -> None:
         done += got
 
 
-#: Filesystems whose files live on this machine only: a rewritten file cannot be served from
-#: another client's stale cache, so retired message files may be reused (see transport).
-LOCAL_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "overlay"})
-
-
-def filesystem_type(path: str) -> str:
-    """The type of the filesystem holding ``path`` (``/proc/self/mountinfo``), or ``""``."""
-    real = os.path.realpath(path)
-    best, kind = "", ""
-    try:
-        with open("/proc/self/mountinfo") as mounts:
-            for line in mounts:
-                fields = line.split()
-                dash = fields.index("-")
-                point = fields[4].replace("\\040", " ")
-                inside = real == point or real.startswith(point.rstrip("/") + "/")
-                if inside and len(point) >= len(best):
-                    best, kind = point, fields[dash + 1]
-    except (OSError, ValueError, IndexError):
-        return ""
-    return kind
-
-
 def unlink_quietly(path: str) -> None:
     """Remove a file that may already be gone (another rank may have collected it)."""
     try:

@@ -15,7 +15,21 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-__all__ = ["Finding", "Mount", "classify", "client_key", "cross_client_hazard", "find_mount", "local_hazard"]
+__all__ = [
+    "LOCAL_FILESYSTEMS",
+    "Finding",
+    "Mount",
+    "classify",
+    "client_key",
+    "cross_client_hazard",
+    "find_mount",
+    "is_local",
+    "local_hazard",
+]
+
+#: Filesystems whose files live on this machine only: a rewritten file cannot be served from
+#: another client's stale cache, so retired message files may be reused (see transport).
+LOCAL_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "overlay"})
 
 OK, WARN, UNSAFE = "ok", "warn", "unsafe"
 
@@ -119,6 +133,14 @@ def find_mount(path: str, mountinfo: str = "/proc/self/mountinfo") -> Mount:
     if best is None:
         raise OSError(f"no mount found for {real}")
     return best
+
+
+def is_local(path: str) -> bool:
+    """Whether ``path`` lies on a filesystem of this machine alone (False when unknown)."""
+    try:
+        return find_mount(path).fstype in LOCAL_FILESYSTEMS
+    except OSError:
+        return False
 
 
 def client_key(path: str) -> str:

@@ -36,9 +36,10 @@ from .defaults import (
 )
 from .doorbell import Doorbell
 from .errors import DesyncError, FsdistTimeoutError, PeerFailedError
-from .fileio import LOCAL_FILESYSTEMS, filesystem_type, make_private_dir, publish, remove_tree, unlink_quietly
+from .fileio import make_private_dir, publish, remove_tree, unlink_quietly
 from .liveness import PeerWatch
 from .locked_record import Counter, LockedRecord
+from .mounts import is_local
 from .waiting import Deadline, poll
 
 log = logging.getLogger(__name__)
@@ -430,4 +431,4 @@ def _reuse_files(directory: str) -> bool:
     setting = os.environ.get(ENV_REUSE_FILES, "")
     if setting in ("0", "1"):
         return setting == "1"
-    return filesystem_type(directory) in LOCAL_FILESYSTEMS
+    return is_local(directory)
