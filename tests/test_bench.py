@@ -39,6 +39,7 @@ def test_bench_against_gloo_verifies_prints_the_table_writes_csv_json_and_cleans
     assert (tmp_path / "result.csv").read_text().count("\n") == len(rows) + 1
     assert set(data["meta"]["blocked_cpu_s"]["2"]) == {"fsdist", "gloo"}
     assert "blocked 1 s in a barrier (2 ranks)" in done.stdout
+    assert "2 ranks [1/13] all_reduce 8 B done" in done.stderr and "[13/13] barrier 0 B done" in done.stderr
     assert os.listdir(tmp_path / "runs") == [], "the benchmark left its run directories behind"
 
 

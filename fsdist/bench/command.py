@@ -110,7 +110,8 @@ def _run_world(plan: Plan, world: int, base: str) -> list[dict[str, Any]]:
         with open(plan_path, "w") as out:
             json.dump(plan.to_json(), out)
         env = {**os.environ, "FSDIST_DIR": os.path.join(work, "run"), "WORLD_SIZE": str(world),
-               "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")}  # fmt: skip
+               "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+               "FSDIST_BENCH_PROGRESS": os.path.join(work, "progress")}  # fmt: skip
         for rank in range(world):
             with open(os.path.join(work, f"log.r{rank}"), "wb") as log:
                 command = [sys.executable, "-m", "fsdist.bench.rank", plan_path, os.path.join(work, f"out.r{rank}")]
@@ -130,10 +131,24 @@ def _run_world(plan: Plan, world: int, base: str) -> list[dict[str, Any]]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _show_progress(path: str, shown: int, world: int) -> int:
+    """Print the lines rank 0 added to its progress file since ``shown``; return the new count."""
+    try:
+        with open(path) as source:
+            lines = source.read().splitlines()
+    except FileNotFoundError:
+        return shown
+    for line in lines[shown:]:
+        print(f"fsdist bench: {world} ranks {line}", file=sys.stderr, flush=True)
+    return len(lines)
+
+
 def _wait_all(procs: list[subprocess.Popen[bytes]], work: str) -> None:
     """Wait for every rank; the first to fail ends the world and its log is raised."""
     deadline = time.monotonic() + WORLD_TIMEOUT_SECONDS
+    shown = 0
     while any(p.poll() is None for p in procs):
+        shown = _show_progress(os.path.join(work, "progress"), shown, len(procs))
         failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
         if failed or time.monotonic() > deadline:
             rank = failed[0] if failed else 0
@@ -142,6 +157,7 @@ def _wait_all(procs: list[subprocess.Popen[bytes]], work: str) -> None:
             what = f"exited with {procs[rank].returncode}" if failed else "timed out"
             raise RuntimeError(f"rank {rank} of {len(procs)} {what}:\n{tail}")
         time.sleep(0.05)
+    _show_progress(os.path.join(work, "progress"), shown, len(procs))
     failed = [r for r, p in enumerate(procs) if p.returncode != 0]
     if failed:
         with open(os.path.join(work, f"log.r{failed[0]}"), errors="replace") as log:

@@ -56,6 +56,13 @@ def blocked_cpu(group: dist.ProcessGroup, seconds: float = 1.0) -> float:
     return time.process_time() - cpu0
 
 
+def _progress(line: str) -> None:
+    path = os.environ.get("FSDIST_BENCH_PROGRESS")
+    if path:
+        with open(path, "a") as out:
+            out.write(line + "\n")
+
+
 def main(plan_path: str, out_path: str) -> int:
     with open(plan_path) as source:
         plan = Plan.from_json(json.load(source))
@@ -68,12 +75,15 @@ def main(plan_path: str, out_path: str) -> int:
     if "gloo" in plan.backends:
         groups["gloo"] = dist.new_group(backend="gloo")
     results: list[dict[str, Any]] = []
-    for index, (op, nbytes) in enumerate(plan.cells()):
+    cells = plan.cells()
+    for index, (op, nbytes) in enumerate(cells):
         order = plan.backends if index % 2 == 0 else list(reversed(plan.backends))
         for backend in order:
             cell = run_cell(op, nbytes, plan, groups[backend])
             cell["backend"] = backend
             results.append(cell)
+        if dist.get_rank() == 0:  # the parent echoes these lines while it waits: the sweep's progress
+            _progress(f"[{index + 1}/{len(cells)}] {op} {nbytes} B done")
     blocked = {backend: blocked_cpu(group) for backend, group in groups.items()}
     dist.barrier()
     if "gloo" in groups:
