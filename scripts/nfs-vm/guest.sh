@@ -4,6 +4,8 @@ repo=$1 work=$2
 set -x
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev 2>/dev/null
+# multiprocessing's semaphores (doctor's probes, torch) live in /dev/shm: without it SemLock fails with ENOENT
+mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm
 for d in /tmp /run /var/lib/nfs /mnt; do mount -t tmpfs tmpfs $d; done
 mkdir -p /var/lib/nfs/{sm,sm.bak,v4recovery,rpc_pipefs} /mnt/a /mnt/b /run/export
 touch /var/lib/nfs/{etab,rmtab,xtab}
