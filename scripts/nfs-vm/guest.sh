@@ -33,7 +33,7 @@ set +x
   start=$(date +%s)
   for r in 0 1 2 3; do
     d=/mnt/a/job; [ $r -ge 2 ] && d=/mnt/b/job
-    timeout 900 $py "$repo/scripts/nfs-vm/ranks.py" $d $r 4 &
+    timeout -s USR1 -k 30 900 $py "$repo/scripts/nfs-vm/ranks.py" $d $r 4 &
   done
   wait
   echo "ranks done in $(( $(date +%s) - start )) s; left in the directory: $(ls -A /mnt/a/job | tr '\n' ' ')"

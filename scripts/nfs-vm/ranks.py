@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import faulthandler
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -12,12 +14,21 @@ import torch.distributed as dist
 import fsdist  # noqa: F401
 
 
+def _phase(rank: int, start: float, what: str) -> None:
+    """A progress line per phase: a rank stopped by the time limit shows how far it got."""
+    print(f"rank {rank} +{time.monotonic() - start:.1f} s {what}", flush=True)
+
+
 def main() -> None:
     directory, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    # guest.sh's `timeout -s USR1` makes a stuck rank print every thread's stack before it is killed
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     start = time.monotonic()
+    _phase(rank, start, "imported torch; joining")
     dist.init_process_group("fsdist", init_method=f"fsdist://{directory}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=600))  # fmt: skip
     t0 = time.monotonic()
+    _phase(rank, start, "joined")
     for n in (1, 1000, 300_000):
         t = torch.full((n,), float(rank + 1))
         dist.all_reduce(t)
@@ -28,12 +39,14 @@ def main() -> None:
         out = [torch.empty(n) for _ in range(world)]
         dist.all_gather(out, torch.full((n,), float(rank)))
         assert all(torch.all(o == r) for r, o in enumerate(out)), "all_gather"
+    _phase(rank, start, "collectives done")
     send = torch.full((10,), float(rank))
     recv = torch.empty(10)
     ops = [dist.P2POp(dist.isend, send, (rank + 1) % world), dist.P2POp(dist.irecv, recv, (rank - 1) % world)]
     for work in dist.batch_isend_irecv(ops):
         work.wait()
     assert torch.all(recv == (rank - 1) % world), "p2p ring"
+    _phase(rank, start, "p2p done")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
