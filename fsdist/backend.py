@@ -382,6 +382,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         if self._heartbeat is not None:
             self._heartbeat.stop()
         if self._is_world:
+            self._store.release_files()  # before leaving: the last rank out deletes the directory
             self._generation.leave()
 
     def abort(self) -> None:

@@ -50,6 +50,9 @@ GC_BYTES = 32 << 20
 ENV_REUSE_FILES = "FSDIST_REUSE_FILES"
 REUSE_FILES = 4
 REUSE_MIN_BYTES = 64 << 10
+#: On those same filesystems, a reduction reads a peer's part of at least this size straight
+#: from a private mapping of its file instead of copying it into a buffer first.
+MAP_MIN_BYTES = 256 << 10
 #: Sends are buffered, up to this many messages per destination not yet received.
 MAX_UNRECEIVED_SENDS = 256
 

@@ -57,26 +57,20 @@ def open_file(path: str, flags: int, mode: int = FILE_MODE) -> int:
     return retrying(lambda: os.open(path, flags | OPEN_FLAGS, mode))
 
 
-def publish(directory: str, name: str, buffers: Sequence[memoryview | bytes], reuse: str | None = None) -> str:
+def publish(directory: str, name: str, buffers: Sequence[memoryview | bytes]) -> str:
     """Write ``buffers`` to ``directory/name`` atomically and return the final path.
 
     The data goes to a uniquely named temporary file first; ``rename`` then makes it visible
     complete or not at all. On any error (ENOSPC, EIO, ...) the temporary file is removed and
-    the error names the path, so no reader can ever find a truncated message.
-
-    ``reuse`` names a retired file of this writer's (no reader can have it open, and no name
-    a reader looks up leads to it) to overwrite instead of creating one: on local filesystems
-    rewriting allocated pages runs ~2× faster than filling fresh ones. It is renamed into place
-    exactly like a temporary file, so readers see the same all-or-nothing publication.
+    the error names the path, so no reader can ever find a truncated message. (Rewriting a
+    retired file instead of creating one: ``spares``.)
     """
     final = os.path.join(directory, name)
-    temp = reuse or os.path.join(directory, f".tmp.{name}.{secrets.token_hex(4)}")
+    temp = os.path.join(directory, f".tmp.{name}.{secrets.token_hex(4)}")
     try:
-        fd = open_file(temp, os.O_WRONLY | (0 if reuse else os.O_CREAT | os.O_EXCL))
+        fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
-            size = _write_all(fd, buffers)
-            if reuse and os.fstat(fd).st_size > size:
-                os.ftruncate(fd, size)
+            _write_all(fd, buffers)
         finally:
             os.close(fd)
         retrying(lambda: os.rename(temp, final))

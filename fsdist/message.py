@@ -16,6 +16,7 @@ Layout::
 
 from __future__ import annotations
 
+import mmap
 import os
 import struct
 import zlib
@@ -144,6 +145,31 @@ class Message:
             )
         if want:
             read_exact(self._fd, tensor_bytes(dest), part.offset + byte_offset, self.path)
+
+    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
+        """Part ``index`` from ``byte_offset`` as a tensor shaped like ``like``, mapped, not copied.
+
+        For reductions: ``acc += mapped`` reads the peer's bytes once, where reading them into
+        a buffer first would copy them once more. The mapping is private (copy-on-write), so
+        nothing done to the tensor can reach the writer's file. It is never closed explicitly:
+        the tensor holds the mmap object, so the memory is unmapped exactly when the last view
+        of it dies (``mmap.close`` would unmap under a live tensor: torch keeps no buffer export).
+        """
+        part = self.parts[index]
+        want = like.numel() * like.element_size()
+        if byte_offset + want > part.nbytes or want == 0:
+            raise ProtocolError(
+                f"{self.path}: part {index} holds {part.nbytes} bytes, asked to map {want} at {byte_offset}"
+            )
+        start = part.offset + byte_offset
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        mapping = mmap.mmap(self._fd, start - base + want, access=mmap.ACCESS_COPY, offset=base)
+        view = torch.frombuffer(mapping, dtype=like.dtype, count=like.numel(), offset=start - base)
+        return view.view(like.shape)
+
+    def file_size(self) -> int:
+        """The file's size (a message written through a spare may be shorter than its file)."""
+        return os.fstat(self._fd).st_size
 
     def close(self) -> None:
         if self._fd >= 0:

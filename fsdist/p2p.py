@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from . import message
 from .errors import DesyncError, FsdistTimeoutError
 from .transport import GroupTransport
 from .waiting import Deadline
@@ -46,6 +47,7 @@ class Mailbox:
         self._tags: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
         self._snapshot: dict[int, int] = {}
+        self._peeked: tuple[tuple[int, int], message.Message] | None = None
 
     def sleep(self, seconds: float) -> None:
         """Pause between passes; a peer's send ends the pause early (its doorbell)."""
@@ -94,16 +96,37 @@ class Mailbox:
     def _tag_of(self, source: int, index: int) -> int:
         key = (source, index)
         if key not in self._tags:
-            with self._t.open_p2p(source, index) as msg:
-                self._tags[key] = msg.tag
+            # kept open: the message whose tag was just read is usually the one consumed next
+            self._close_peeked()
+            msg = self._t.open_p2p(source, index)
+            self._peeked = (key, msg)
+            self._tags[key] = msg.tag
         return self._tags[key]
 
+    def _close_peeked(self) -> None:
+        if self._peeked is not None:
+            self._peeked[1].close()
+            self._peeked = None
+
+    def _open(self, source: int, index: int) -> message.Message:
+        if self._peeked is not None and self._peeked[0] == (source, index):
+            msg = self._peeked[1]
+            self._peeked = None
+            return msg
+        return self._t.open_p2p(source, index)
+
+    def close(self) -> None:
+        """Release the message held open since its tag was read (the receive loop has stopped)."""
+        with self._lock:
+            self._close_peeked()
+
     def _consume(self, source: int, index: int, receive: PendingReceive) -> None:
-        with self._t.open_p2p(source, index) as msg:
+        with self._open(source, index) as msg:
             self._check_matches(source, index, msg.parts, msg.description, receive.tensors)
             for part, tensor in enumerate(receive.tensors):
                 msg.read_into(part, tensor)
-        self._t.discard_p2p(source, index)
+            size = msg.file_size()
+        self._t.discard_p2p(source, index, size)
         self._tags.pop((source, index), None)
         consumed = self._consumed_ahead[source]
         consumed.add(index)

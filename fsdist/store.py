@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -53,14 +54,37 @@ class DirectoryStore(dist.Store):
         make_private_dir(directory)
         self.directory = directory
         self._timeout = timeout
-        self._lock = LockedRecord(os.path.join(directory, ".lock"))
+        self._lock_record: LockedRecord | None = None
+        self._opening = threading.Lock()
         #: Set by the rendezvous: the generation this store belongs to (the backend reads it).
         self.generation: Any = None
+
+    def _locked(self) -> LockedRecord:
+        """The store's lock record, opened on first use (again after ``release_files``)."""
+        record = self._lock_record
+        if record is None:
+            with self._opening:
+                if self._lock_record is None:
+                    self._lock_record = LockedRecord(os.path.join(self.directory, ".lock"))
+                record = self._lock_record
+        return record
+
+    def release_files(self) -> None:
+        """Close the descriptor kept open on the lock file (a rank leaving the job).
+
+        The last rank to leave deletes the generation directory; on NFS a file that another
+        process of the same client still holds open is only renamed (``.nfsXXXX``), which
+        leaves the directory behind. The store reopens the file if it is used again.
+        """
+        with self._opening:
+            if self._lock_record is not None:
+                self._lock_record.close()
+                self._lock_record = None
 
     # ---- the torch.distributed.Store interface ------------------------------------------
 
     def set(self, key: str, value: Any) -> None:
-        self._lock.update(lambda _: self._write(key, _as_bytes(value)))
+        self._locked().update(lambda _: self._write(key, _as_bytes(value)))
 
     def get(self, key: str) -> bytes:
         return self._wait_value(key, Deadline(self._timeout.total_seconds()))
@@ -74,7 +98,7 @@ class DirectoryStore(dist.Store):
             result = (int(current) if current else 0) + amount
             self._write(key, str(result).encode())
 
-        self._lock.update(change)
+        self._locked().update(change)
         return result
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
@@ -92,11 +116,11 @@ class DirectoryStore(dist.Store):
             else:
                 result = expected_b if current is None else current
 
-        self._lock.update(change)
+        self._locked().update(change)
         return result
 
     def append(self, key: str, value: Any) -> None:
-        self._lock.update(lambda _: self._write(key, (self._read(key) or b"") + _as_bytes(value)))
+        self._locked().update(lambda _: self._write(key, (self._read(key) or b"") + _as_bytes(value)))
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
         return [self.get(key) for key in keys]
@@ -124,7 +148,7 @@ class DirectoryStore(dist.Store):
             existed = self._read(key) is not None
             unlink_quietly(self._path(key))
 
-        self._lock.update(change)
+        self._locked().update(change)
         return existed
 
     # c10d calls these camelCase names from C++.

@@ -36,10 +36,11 @@ from .defaults import (
 )
 from .doorbell import Doorbell
 from .errors import DesyncError, FsdistTimeoutError, PeerFailedError
-from .fileio import make_private_dir, publish, remove_tree, unlink_quietly
+from .fileio import make_private_dir, publish, remove_tree
 from .liveness import PeerWatch
 from .locked_record import Counter, LockedRecord
 from .mounts import is_local
+from .spares import SpareFile, SparePool
 from .waiting import Deadline, poll
 
 log = logging.getLogger(__name__)
@@ -95,11 +96,10 @@ class GroupTransport:
         self._sent = [0] * size
         self._send_lock = threading.Lock()
         self._peer_seq = [-1] * size
-        self._published: deque[tuple[int, str, int]] = deque()  # (seq, path, bytes), oldest first
+        # (seq, path, bytes, the spare it was written through), oldest first
+        self._published: deque[tuple[int, str, int, SpareFile | None]] = deque()
         self._published_bytes = 0
-        self._free: list[tuple[str, int]] = []  # retired own message files kept for reuse
-        self._retired = 0
-        self._reuse = _reuse_files(directory)
+        self.spares = SparePool(directory, rank, _reuse_files(directory), REUSE_FILES, REUSE_MIN_BYTES)
         # running hash of every description so far, per seq: two ranks whose hashes differ at
         # the same seq called different operations somewhere, even if neither waited then
         self._chain = 0
@@ -111,6 +111,11 @@ class GroupTransport:
         # swallows the other's wake-up
         self._p2p_bell = Doorbell(directory, rank, size, name="pwake")
         self._write_state()
+
+    @property
+    def maps_messages(self) -> bool:
+        """Whether peers' messages may be mapped (local filesystems, where spares are used too)."""
+        return self.spares.enabled
 
     # ---- own progress -------------------------------------------------------------------
 
@@ -124,7 +129,7 @@ class GroupTransport:
         if len(self._history_order) > _HISTORY:
             self._history.pop(self._history_order.popleft(), None)
         self._write_state()
-        if seq % GC_EVERY == 0 or self._published_bytes > GC_BYTES:
+        if seq % GC_EVERY == 0 or self._published_bytes > GC_BYTES or self._spare_in_reach():
             self.collect_garbage()  # also compares peers' history hashes with this rank's
         if seq % GC_EVERY == 0:
             reason = self.abort_reason()  # a rank that never waits must still hear of failures
@@ -132,6 +137,10 @@ class GroupTransport:
                 raise PeerFailedError(f"{self._where()}: the group was aborted: {reason}")
         if self._published and seq - self._published[0][0] > RUN_AHEAD:
             self._wait_for_stragglers()
+
+    def _spare_in_reach(self) -> bool:
+        """Whether the oldest uncollected message would become a spare: collect it now, not later."""
+        return bool(self._published) and self.spares.wants(self._published[0][2])
 
     def _wait_for_stragglers(self) -> None:
         """Block until the slowest peer is within RUN_AHEAD / 2 operations of this rank."""
@@ -152,8 +161,13 @@ class GroupTransport:
         name = self._message_name(self.rank, self._seq, step)
         buffers = message.encode(self._seq, tag, self._description, tensors)
         size = sum(len(b) for b in buffers)
-        path = publish(self.directory, name, buffers, self._take_free(size))
-        self._published.append((self._seq, path, size))
+        spare = self.spares.take(size)
+        if spare is None:
+            path = publish(self.directory, name, buffers)
+        else:
+            path = os.path.join(self.directory, name)
+            spare.publish(path, buffers)
+        self._published.append((self._seq, path, size, spare))
         self._published_bytes += size
         self.advance(step)
 
@@ -258,7 +272,13 @@ class GroupTransport:
                 self._wait_for_receiver(dst)
             index = self._sent[dst]
             name = self._p2p_name(self.rank, dst, index)
-            publish(self.directory, name, message.encode(index, tag, description, tensors))
+            buffers = message.encode(index, tag, description, tensors)
+            spare = self.spares.take(sum(len(b) for b in buffers))
+            if spare is None:
+                publish(self.directory, name, buffers)
+            else:
+                spare.publish(os.path.join(self.directory, name), buffers)
+                spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
             self._sent[dst] = index + 1
             self._records[self.rank].write(_P2P_SLOT.pack(index + 1), self._sent_slot(dst))
             self._p2p_bell.ring([dst])
@@ -297,9 +317,9 @@ class GroupTransport:
     def open_p2p(self, src: int, index: int) -> message.Message:
         return message.Message(os.path.join(self.directory, self._p2p_name(src, self.rank, index)))
 
-    def discard_p2p(self, src: int, index: int) -> None:
-        """The receiver removes a message it consumed: it is the message's only reader."""
-        unlink_quietly(os.path.join(self.directory, self._p2p_name(src, self.rank, index)))
+    def discard_p2p(self, src: int, index: int, size: int) -> None:
+        """The receiver disposes of a message it consumed (its only reader): keeps it as a spare or deletes it."""
+        self.spares.give_back(os.path.join(self.directory, self._p2p_name(src, self.rank, index)), size)
 
     # ---- health, deadlines, errors ------------------------------------------------------
 
@@ -354,45 +374,20 @@ class GroupTransport:
                 self.peer_state(peer)
         done_below = min((s for r, s in enumerate(self._peer_seq) if r != self.rank), default=self._seq + 1)
         while self._published and self._published[0][0] < done_below:
-            _, path, size = self._published.popleft()
+            # every peer has moved past this operation: none has the file open or looks it up again
+            _, path, size, spare = self._published.popleft()
             self._published_bytes -= size
-            self._retire(path, size)
-
-    def _retire(self, path: str, size: int) -> None:
-        """Delete a message every peer is done with, or keep it (hidden) to be rewritten.
-
-        Every peer has moved past its operation, so none has it open or will look it up again;
-        after the rename no name a reader uses leads to it.
-        """
-        if self._reuse and size >= REUSE_MIN_BYTES and len(self._free) < REUSE_FILES:
-            spare = os.path.join(self.directory, f".free.r{self.rank}.{self._retired}")
-            self._retired += 1
-            try:
-                os.rename(path, spare)
-            except OSError:
-                unlink_quietly(path)
-            else:
-                self._free.append((spare, size))
-                return
-        unlink_quietly(path)
-
-    def _take_free(self, size: int) -> str | None:
-        """A retired file to rewrite for a message of ``size`` bytes: the smallest that fits, else the largest."""
-        if size < REUSE_MIN_BYTES or not self._free:
-            return None
-        fits = [f for f in self._free if f[1] >= size]
-        choice = min(fits, key=lambda f: f[1]) if fits else max(self._free, key=lambda f: f[1])
-        self._free.remove(choice)
-        return choice[0]
+            self.spares.give_back(path, size, spare)
 
     def close(self) -> bool:
         """Leave the group. The last rank to leave removes the group directory; returns True then."""
         self._flags |= FLAG_CLOSED
         self._write_state()
         self._bell.ring(self._others)
-        for spare, _ in self._free:  # before counting out: the last rank removes the directory
-            unlink_quietly(spare)
-        self._free.clear()
+        for _, _, _, spare in self._published:
+            if spare is not None:
+                spare.close(remove=False)  # unmapped; the file itself goes with the directory
+        self.spares.close()  # before counting out: the last rank removes the directory
         closed = Counter(os.path.join(self.directory, "closed"))
         try:
             last = closed.add(1) == self.size

@@ -250,3 +250,5 @@ class ReceiveLoop:
             where = "any rank" if receive.source is None else f"rank {receive.source}"
             work.complete(FsdistError(f"recv from {where} (tag {receive.tag}) never matched: the group was shut down"))
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._mailbox.close()

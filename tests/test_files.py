@@ -13,6 +13,7 @@ from fsdist import message
 from fsdist.errors import FsdistError, ProtocolError
 from fsdist.fileio import publish
 from fsdist.locked_record import Counter, LockedRecord
+from fsdist.spares import SparePool
 
 from harness import run_forked
 
@@ -175,3 +176,55 @@ def test_two_records_on_one_file_in_one_process_exclude_each_other(tmp_path) -> 
     for t in threads:
         t.join()
     assert counters[0].get() == 1000
+
+
+def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) -> None:
+    """A message published through a spare reads back exactly, larger or smaller than the file."""
+    pool = SparePool(str(tmp_path), rank=0, enabled=True, max_files=2, min_bytes=1024)
+    big = torch.arange(100_000, dtype=torch.float32)
+    first = publish(str(tmp_path), "m1", message.encode(1, 0, "big", [big]))
+    pool.give_back(first, os.path.getsize(first))
+    assert not os.path.exists(first)  # hidden: no name a reader looks up leads to it
+    small = torch.full((1000,), 7.0)
+    spare = pool.take(4000 + 64)
+    assert spare is not None
+    spare.publish(str(tmp_path / "m2"), message.encode(2, 0, "small", [small]))
+    with message.Message(str(tmp_path / "m2")) as msg:
+        out = torch.empty(1000)
+        msg.read_into(0, out)
+        assert msg.seq == 2 and torch.equal(out, small)
+        assert msg.file_size() >= big.numel() * 4  # the file kept its size; the header bounds the message
+    pool.give_back(str(tmp_path / "m2"), os.path.getsize(tmp_path / "m2"), spare)
+    # a message bigger than every spare grows the largest one
+    bigger = torch.arange(300_000, dtype=torch.float64)
+    spare = pool.take(bigger.numel() * 8)
+    assert spare is not None
+    spare.publish(str(tmp_path / "m3"), message.encode(3, 0, "bigger", [bigger]))
+    with message.Message(str(tmp_path / "m3")) as msg:
+        out64 = torch.empty(300_000, dtype=torch.float64)
+        msg.read_into(0, out64)
+        assert torch.equal(out64, bigger)
+        view = msg.mapped(0, out64[1000:2000], byte_offset=1000 * 8)
+        assert torch.equal(view, bigger[1000:2000])
+        view.add_(1)  # a private mapping: the writer's file is untouched
+    with message.Message(str(tmp_path / "m3")) as msg:
+        msg.read_into(0, out64)
+        assert torch.equal(out64, bigger)
+    spare.close()
+    assert pool.take(10) is None  # below min_bytes: never a spare
+    pool.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_spare_pool_is_bounded_and_off_where_disabled(tmp_path) -> None:
+    pool = SparePool(str(tmp_path), rank=3, enabled=True, max_files=2, min_bytes=10)
+    for i in range(4):
+        path = publish(str(tmp_path), f"m{i}", [b"x" * 100])
+        pool.give_back(path, 100)
+    assert sorted(os.listdir(tmp_path)) == [".spare.r3.0", ".spare.r3.1"]  # the others were deleted
+    pool.close()
+    assert os.listdir(tmp_path) == []
+    off = SparePool(str(tmp_path), rank=0, enabled=False, max_files=2, min_bytes=10)
+    path = publish(str(tmp_path), "m", [b"x" * 100])
+    off.give_back(path, 100)
+    assert os.listdir(tmp_path) == [] and off.take(100) is None

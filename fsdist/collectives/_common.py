@@ -11,8 +11,10 @@ import threading
 
 import torch
 
+from ..defaults import MAP_MIN_BYTES
 from ..errors import DesyncError
-from ..reduce_ops import Reduction, combine_into
+from ..message import Message
+from ..reduce_ops import Reduction, combine_into, combine_to
 from ..transport import GroupTransport
 
 _SCRATCH = threading.local()
@@ -38,17 +40,43 @@ def read_part(
     """
     t.wait_for(peer, step)
     with t.open_message(peer, step) as msg:
-        sent = msg.parts[part]
-        nbytes = dest.numel() * dest.element_size()
-        if sent.dtype != dest.dtype or (byte_offset is None and sent.nbytes != nbytes):
-            error = DesyncError(
-                f"rank {t.rank}: rank {peer} sent {sent.dtype} {list(sent.shape)} ({sent.nbytes} bytes) "
-                f"where this rank expects {dest.dtype} {list(dest.shape)} ({nbytes} bytes) "
-                f"in '{msg.description}' (#{msg.seq})"
-            )
-            t.abort(str(error))
-            raise error
+        _check_part(t, peer, msg, part, dest, byte_offset)
         msg.read_into(part, dest, byte_offset or 0)
+
+
+def peer_part(
+    t: GroupTransport, peer: int, step: int, part: int, like: torch.Tensor, byte_offset: int | None = None
+) -> torch.Tensor:
+    """``peer``'s part as a tensor shaped like ``like``, to be read once (an operand of a reduction).
+
+    Large parts on local filesystems come mapped straight from the peer's file (one pass over
+    the bytes instead of a copy and a pass); others are copied into scratch slot 1. Either way
+    the result is only valid until the next call that uses scratch slot 1.
+    """
+    nbytes = like.numel() * like.element_size()
+    if not (t.maps_messages and nbytes >= MAP_MIN_BYTES):
+        other = scratch(like, 1)
+        read_part(t, peer, step, part, other, byte_offset)
+        return other
+    t.wait_for(peer, step)
+    with t.open_message(peer, step) as msg:
+        _check_part(t, peer, msg, part, like, byte_offset)
+        return msg.mapped(part, like, byte_offset or 0)
+
+
+def _check_part(
+    t: GroupTransport, peer: int, msg: Message, part: int, dest: torch.Tensor, byte_offset: int | None
+) -> None:
+    sent = msg.parts[part]
+    nbytes = dest.numel() * dest.element_size()
+    if sent.dtype != dest.dtype or (byte_offset is None and sent.nbytes != nbytes):
+        error = DesyncError(
+            f"rank {t.rank}: rank {peer} sent {sent.dtype} {list(sent.shape)} ({sent.nbytes} bytes) "
+            f"where this rank expects {dest.dtype} {list(dest.shape)} ({nbytes} bytes) "
+            f"in '{msg.description}' (#{msg.seq})"
+        )
+        t.abort(str(error))
+        raise error
 
 
 def reduce_over_ranks(
@@ -65,15 +93,15 @@ def reduce_over_ranks(
     The fixed order makes floating-point results bit-identical on every rank that computes them.
     ``local`` is this rank's own contribution (read from memory, not from its file).
     """
-    other = scratch(acc, 1) if t.size > 1 else acc
     for rank in range(t.size):
         if rank == t.rank:
             if rank == 0:
                 acc.copy_(local)
-            else:
+            elif rank != 1:  # rank 1 combined its own part with rank 0's below
                 combine_into(reduction, acc, local)  # straight from memory: no copy
-            continue
-        dest = acc if rank == 0 else other
-        read_part(t, rank, step, part, dest, byte_offset)
-        if rank:
-            combine_into(reduction, acc, other)
+        elif rank == 0 and t.rank == 1:  # the first combination lands in acc directly
+            combine_to(reduction, peer_part(t, 0, step, part, acc, byte_offset), local, acc)
+        elif rank == 0:
+            read_part(t, 0, step, part, acc, byte_offset)
+        else:
+            combine_into(reduction, acc, peer_part(t, rank, step, part, acc, byte_offset))

@@ -19,7 +19,7 @@ import torch
 from ..defaults import ALLREDUCE_SLICED_MIN_BYTES
 from ..reduce_ops import Reduction, combine_into, combine_to, finish
 from ..transport import GroupTransport
-from ._common import read_part, reduce_over_ranks, scratch
+from ._common import peer_part, read_part, reduce_over_ranks, scratch
 
 
 def all_reduce(t: GroupTransport, tensor: torch.Tensor, reduction: Reduction, first_step: int = 1) -> None:
@@ -71,22 +71,28 @@ def _reduce_every_input(
     """``tensor <- x_0 (op) x_1 (op) ... (op) x_{N-1}``, in rank order, every x_r read from its file.
 
     The own input is already published, so ``tensor`` may be overwritten: rank 0 accumulates
-    in it directly; the last rank writes its final combination into it (``x... (op) own``);
-    only the others accumulate in a scratch buffer and copy once at the end.
+    in it directly; rank 1 of two writes ``x_0 (op) own`` straight into it, the last of more
+    ranks writes ``acc (op) own`` into it; only the others accumulate in a scratch buffer and
+    copy once at the end.
     """
-    other = scratch(tensor, 1)
-    acc = tensor if t.rank == 0 else scratch(tensor, 0)
-    if t.rank != 0:
+    if t.rank == 0:
+        acc = tensor
+    elif t.rank == 1:
+        acc = tensor if t.size == 2 else scratch(tensor, 0)
+        combine_to(reduction, peer_part(t, 0, step, part, tensor), tensor, acc)
+    else:
+        acc = scratch(tensor, 0)
         read_part(t, 0, step, part, acc)
     for rank in range(1, t.size):
         if rank == t.rank:
+            if rank == 1:
+                continue  # combined with x_0 above
             if rank == t.size - 1:
                 combine_to(reduction, acc, tensor, tensor)
                 return
             combine_into(reduction, acc, tensor)
             continue
-        read_part(t, rank, step, part, other)
-        combine_into(reduction, acc, other)
+        combine_into(reduction, acc, peer_part(t, rank, step, part, acc))
     if acc is not tensor:
         tensor.copy_(acc)
 

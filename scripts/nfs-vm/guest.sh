@@ -1,5 +1,10 @@
 #!/bin/bash
 # Runs inside the VM (chroot of the host's root, read-only; $2 read-write). See run.sh.
+# One NFS server (a tmpfs), then the same check on NFS v3 and on NFS v4.2, each with two clients:
+#   v3:   /mnt/a and /mnt/b over 127.0.0.1, the second with nosharecache (its own superblock)
+#   v4.2: /mnt/a over 127.0.0.1; /mnt/b mounted from network namespace c2 over a veth pair,
+#         with its own hostname, so the server sees a second client with its own identity
+#         (one identity shared by both mounts would make them one client, with one cache)
 repo=$1 work=$2
 set -x
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
@@ -7,37 +12,64 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev 2>
 # multiprocessing's semaphores (doctor's probes, torch) live in /dev/shm: without it SemLock fails with ENOENT
 mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm
 for d in /tmp /run /var/lib/nfs /mnt; do mount -t tmpfs tmpfs $d; done
-mkdir -p /var/lib/nfs/{sm,sm.bak,v4recovery,rpc_pipefs} /mnt/a /mnt/b /run/export
+mkdir -p /var/lib/nfs/{sm,sm.bak,v4recovery,rpc_pipefs} /mnt/a /mnt/b /run/export /run/netns
 touch /var/lib/nfs/{etab,rmtab,xtab}
 ip link set lo up 2>/dev/null || ifconfig lo 127.0.0.1 up
+hostname nfsvm
+# the second v4 client's network: namespace c2 (10.9.0.2) reaching the server at 10.9.0.1
+ip netns add c2
+ip link add veth0 type veth peer name veth1
+ip link set veth1 netns c2
+ip addr add 10.9.0.1/24 dev veth0 && ip link set veth0 up
+ip netns exec c2 sh -c 'ip link set lo up; ip addr add 10.9.0.2/24 dev veth1; ip link set veth1 up'
 mount -t nfsd nfsd /proc/fs/nfsd
 mount -t rpc_pipefs rpc_pipefs /var/lib/nfs/rpc_pipefs
 rpcbind -w; rpc.statd --no-notify
 echo 10 >/proc/fs/nfsd/nfsv4leasetime; echo 10 >/proc/fs/nfsd/nfsv4gracetime; echo 10 >/proc/sys/fs/nfs/nlm_grace_period
 mount -t tmpfs tmpfs /run/export
-exportfs -o rw,no_root_squash,fsid=0,insecure,no_subtree_check 127.0.0.1:/run/export
+for client in 127.0.0.1 10.9.0.0/24; do
+  exportfs -o rw,no_root_squash,fsid=0,insecure,no_subtree_check "$client:/run/export"
+done
 rpc.mountd; rpc.nfsd 8
 sleep 12  # the grace period
-mount -t nfs -o vers=3 127.0.0.1:/run/export /mnt/a
-mount -t nfs -o vers=3,nosharecache 127.0.0.1:/run/export /mnt/b
-grep nfs /proc/mounts
 py=$repo/.venv/bin/python
 set +x
-{
-  echo "== mounts"; grep " nfs" /proc/mounts
-  echo "== doctor /mnt/a --peer-mount /mnt/b"
-  start=$(date +%s)
+
+# suite LABEL: doctor across the two mounts, then 4 ranks (0-1 through /mnt/a, 2-3 through /mnt/b)
+suite() {
+  echo "== $1: mounts"; grep " nfs" /proc/mounts
+  echo "== $1: doctor /mnt/a --peer-mount /mnt/b"
+  local start=$(date +%s)
   $py -m fsdist doctor /mnt/a --peer-mount /mnt/b; echo "doctor rc=$? in $(( $(date +%s) - start )) s"
-  echo "== 4 ranks, 0-1 through /mnt/a, 2-3 through /mnt/b"
+  echo "== $1: 4 ranks, 0-1 through /mnt/a, 2-3 through /mnt/b"
   mkdir -p /mnt/a/job; chmod 700 /mnt/a/job
   start=$(date +%s)
   for r in 0 1 2 3; do
     d=/mnt/a/job; [ $r -ge 2 ] && d=/mnt/b/job
-    timeout -s USR1 -k 30 900 $py "$repo/scripts/nfs-vm/ranks.py" $d $r 4 &
+    timeout -s USR1 -k 30 900 $py "$repo/scripts/nfs-vm/ranks.py" $d $r 4 "$1" &
   done
   wait
-  echo "ranks done in $(( $(date +%s) - start )) s; left in the directory: $(ls -A /mnt/a/job | tr '\n' ' ')"
-} >"$work/result.raw" 2>&1
-passes=$(grep -c "^rank [0-3] PASS" "$work/result.raw")
-{ cat "$work/result.raw"; [ "$passes" = 4 ] && echo "RESULT PASS (NFS v3, two clients)" || echo "RESULT FAIL ($passes of 4 ranks passed)"; } >"$work/result.txt"
+  echo "ranks done in $(( $(date +%s) - start )) s; left in the directory: $(cd /mnt/a/job && find . -mindepth 1 | head -20 | tr '\n' ' ')"
+  rm -rf /mnt/a/job
+}
+
+: >"$work/result.raw"
+mount -t nfs -o vers=3 127.0.0.1:/run/export /mnt/a
+mount -t nfs -o vers=3,nosharecache 127.0.0.1:/run/export /mnt/b
+suite "NFS v3" >>"$work/result.raw" 2>&1
 umount /mnt/a /mnt/b
+
+mount -t nfs -o vers=4.2 127.0.0.1:/ /mnt/a
+# nsenter --net: only the network namespace changes, so the mount lands in the one mount
+# namespace every rank sees (ip netns exec would make a private one); unshare -u: own hostname
+nsenter --net=/run/netns/c2 unshare -u sh -c 'hostname nfsclient2; mount -t nfs -o vers=4.2 10.9.0.1:/ /mnt/b'
+suite "NFS v4.2" >>"$work/result.raw" 2>&1
+umount /mnt/a /mnt/b
+
+{
+  cat "$work/result.raw"
+  for v in "NFS v3" "NFS v4.2"; do
+    passes=$(grep -c "^rank [0-3] PASS ($v)" "$work/result.raw")
+    [ "$passes" = 4 ] && echo "RESULT PASS ($v, two clients)" || echo "RESULT FAIL ($v: $passes of 4 ranks passed)"
+  done
+} >"$work/result.txt"

@@ -21,6 +21,7 @@ def _phase(rank: int, start: float, what: str) -> None:
 
 def main() -> None:
     directory, rank, world = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    label = sys.argv[4] if len(sys.argv) > 4 else "NFS"
     # guest.sh's `timeout -s USR1` makes a stuck rank print every thread's stack before it is killed
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     start = time.monotonic()
@@ -49,6 +50,7 @@ def main() -> None:
     _phase(rank, start, "p2p done")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 4))
+    _phase(rank, start, "DDP built")
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(5):
         torch.manual_seed(100 * step + rank)
@@ -60,8 +62,9 @@ def main() -> None:
     dist.all_gather(gathered, flat)
     assert all(torch.equal(g, flat) for g in gathered), "DDP replicas differ"
     ops_s = time.monotonic() - t0
+    _phase(rank, start, "DDP trained 5 steps")
     dist.destroy_process_group()
-    print(f"rank {rank} PASS init {t0 - start:.1f} s, work {ops_s:.1f} s", flush=True)
+    print(f"rank {rank} PASS ({label}) init {t0 - start:.1f} s, work {ops_s:.1f} s, destroy {time.monotonic() - t0 - ops_s:.1f} s", flush=True)
 
 
 if __name__ == "__main__":
@@ -69,3 +72,4 @@ if __name__ == "__main__":
         main()
     except Exception as exc:  # noqa: BLE001 - reported to the result file
         print(f"rank {sys.argv[2]} FAIL {type(exc).__name__}: {exc}", flush=True)
+        raise
