@@ -19,6 +19,7 @@ still cache the old pages of a rewritten inode.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import threading
@@ -69,6 +70,7 @@ class SpareFile:
                 position += len(view)
             retrying(lambda: os.rename(self.path, final))
         except OSError as exc:
+            self.close()  # a spare that failed once (disk full, ...) is not kept
             raise FsdistError(f"could not publish {final}: {os.strerror(exc.errno or 0)} ({exc})") from exc
         self.path = final
 
@@ -76,8 +78,14 @@ class SpareFile:
         self._unmap()
         if self._fd < 0:
             self._fd = open_file(self.path, os.O_RDWR)
-        self.size = max(self.size, needed, os.fstat(self._fd).st_size)
-        os.posix_fallocate(self._fd, 0, self.size)
+        have = os.fstat(self._fd).st_size
+        self.size = max(self.size, needed, have)
+        try:
+            os.posix_fallocate(self._fd, 0, self.size)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
+                raise
+            _extend_with_zeros(self._fd, have, self.size)  # allocates too, failing cleanly
         self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
         self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
 
@@ -94,6 +102,12 @@ class SpareFile:
             self._fd = -1
         if remove:
             unlink_quietly(self.path)
+
+
+def _extend_with_zeros(fd: int, start: int, end: int) -> None:
+    zeros = bytes(1 << 20)
+    while start < end:
+        start += os.pwrite(fd, zeros[: min(len(zeros), end - start)], start)
 
 
 class SparePool:

@@ -79,6 +79,29 @@ def _check_part(
         raise error
 
 
+def reduce_into_own(
+    t: GroupTransport, step: int, part: int, reduction: Reduction, own: torch.Tensor, byte_offset: int | None = None
+) -> None:
+    """``own <- x_0 (op) x_1 (op) ... (op) x_{N-1}`` in rank order, where x_{rank} is ``own`` itself.
+
+    ``own`` must be free to overwrite once it has been combined (already published, or not
+    needed by anyone else): the result lands in it with no final copy. Rank 0 accumulates in it
+    from the start; rank r > 0 combines the ranks before it in scratch slot 0 (rank 1: just
+    x_0, read from its mapping), writes ``prefix (op) own`` into ``own`` (the same operand
+    order as ``acc op= own``) and accumulates the ranks after it there.
+    """
+    if t.rank == 1:
+        combine_to(reduction, peer_part(t, 0, step, part, own, byte_offset), own, own)
+    elif t.rank > 1:
+        prefix = scratch(own, 0)
+        read_part(t, 0, step, part, prefix, byte_offset)
+        for rank in range(1, t.rank):
+            combine_into(reduction, prefix, peer_part(t, rank, step, part, own, byte_offset))
+        combine_to(reduction, prefix, own, own)
+    for rank in range(t.rank + 1, t.size):
+        combine_into(reduction, own, peer_part(t, rank, step, part, own, byte_offset))
+
+
 def reduce_over_ranks(
     t: GroupTransport,
     step: int,

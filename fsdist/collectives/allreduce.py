@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 
 from ..defaults import ALLREDUCE_SLICED_MIN_BYTES
-from ..reduce_ops import Reduction, combine_into, combine_to, finish
+from ..reduce_ops import Reduction, finish
 from ..transport import GroupTransport
-from ._common import peer_part, read_part, reduce_over_ranks, scratch
+from ._common import read_part, reduce_into_own
 
 
 def all_reduce(t: GroupTransport, tensor: torch.Tensor, reduction: Reduction, first_step: int = 1) -> None:
@@ -29,20 +29,18 @@ def all_reduce(t: GroupTransport, tensor: torch.Tensor, reduction: Reduction, fi
         return
     t.publish(first_step, [tensor])
     if t.size == 2 or tensor.numel() * tensor.element_size() < ALLREDUCE_SLICED_MIN_BYTES:
-        _reduce_every_input(t, tensor, reduction, first_step)
+        reduce_into_own(t, first_step, 0, reduction, tensor)  # own input published: it takes the result
         finish(reduction, tensor, t.size)
         return
     flat = tensor.view(-1)
     bounds = slice_bounds(flat.numel(), t.size)
     lo, hi = bounds[t.rank]
-    mine = scratch(flat[lo:hi], 0)
-    reduce_over_ranks(t, first_step, 0, reduction, mine, flat[lo:hi], byte_offset=lo * flat.element_size())
+    mine = flat[lo:hi]  # published in step 1, so the reduced slice may land in it
+    reduce_into_own(t, first_step, 0, reduction, mine, byte_offset=lo * flat.element_size())
     finish(reduction, mine, t.size)
     t.publish(first_step + 1, [mine])
     for rank, (start, stop) in enumerate(bounds):
-        if rank == t.rank:
-            flat[start:stop].copy_(mine)
-        else:
+        if rank != t.rank:
             read_part(t, rank, first_step + 1, 0, flat[start:stop])
 
 
@@ -61,40 +59,8 @@ def all_reduce_coalesced(t: GroupTransport, tensors: Sequence[torch.Tensor], red
         return
     t.publish(1, tensors)
     for part, tensor in enumerate(tensors):
-        _reduce_every_input(t, tensor, reduction, 1, part)
+        reduce_into_own(t, 1, part, reduction, tensor)
         finish(reduction, tensor, t.size)
-
-
-def _reduce_every_input(
-    t: GroupTransport, tensor: torch.Tensor, reduction: Reduction, step: int, part: int = 0
-) -> None:
-    """``tensor <- x_0 (op) x_1 (op) ... (op) x_{N-1}``, in rank order, every x_r read from its file.
-
-    The own input is already published, so ``tensor`` may be overwritten: rank 0 accumulates
-    in it directly; rank 1 of two writes ``x_0 (op) own`` straight into it, the last of more
-    ranks writes ``acc (op) own`` into it; only the others accumulate in a scratch buffer and
-    copy once at the end.
-    """
-    if t.rank == 0:
-        acc = tensor
-    elif t.rank == 1:
-        acc = tensor if t.size == 2 else scratch(tensor, 0)
-        combine_to(reduction, peer_part(t, 0, step, part, tensor), tensor, acc)
-    else:
-        acc = scratch(tensor, 0)
-        read_part(t, 0, step, part, acc)
-    for rank in range(1, t.size):
-        if rank == t.rank:
-            if rank == 1:
-                continue  # combined with x_0 above
-            if rank == t.size - 1:
-                combine_to(reduction, acc, tensor, tensor)
-                return
-            combine_into(reduction, acc, tensor)
-            continue
-        combine_into(reduction, acc, peer_part(t, rank, step, part, acc))
-    if acc is not tensor:
-        tensor.copy_(acc)
 
 
 def slice_bounds(numel: int, parts: int) -> list[tuple[int, int]]:

@@ -9,7 +9,7 @@ import torch
 
 from ..reduce_ops import Reduction, finish
 from ..transport import GroupTransport
-from ._common import reduce_over_ranks, scratch
+from ._common import reduce_into_own
 
 
 def reduce(t: GroupTransport, tensor: torch.Tensor, root: int, reduction: Reduction) -> None:
@@ -17,7 +17,5 @@ def reduce(t: GroupTransport, tensor: torch.Tensor, root: int, reduction: Reduct
     if t.rank != root:
         t.publish(1, [tensor])
         return
-    acc = scratch(tensor, 0)
-    reduce_over_ranks(t, 1, 0, reduction, acc, tensor)
-    finish(reduction, acc, t.size)
-    tensor.copy_(acc)
+    reduce_into_own(t, 1, 0, reduction, tensor)  # the root's input is nobody else's: it takes the result
+    finish(reduction, tensor, t.size)
