@@ -11,7 +11,7 @@ test:
 test-gluster:
 	FSDIST_REQUIRE_GLUSTER=1 scripts/test.sh test_gluster.py
 
-# Kernel NFS v3 in a QEMU VM (root; several minutes of software emulation); result in
+# Kernel NFS v3 and v4.2 in a QEMU VM (root; ~15 minutes of software emulation); result in
 # /var/tmp/fsdist-nfs-vm/result.txt. Needs the .venv of `make test` (the VM runs it over 9p).
 test-nfs:
 	scripts/setup-venv.sh .venv test
