@@ -161,15 +161,21 @@ class GroupTransport:
         name = self._message_name(self.rank, self._seq, step)
         buffers = message.encode(self._seq, tag, self._description, tensors)
         size = sum(len(b) for b in buffers)
-        spare = self.spares.take(size)
-        if spare is None:
-            path = publish(self.directory, name, buffers)
-        else:
-            path = os.path.join(self.directory, name)
-            spare.publish(path, buffers)
+        path, spare = self._write_message(name, buffers, size)
         self._published.append((self._seq, path, size, spare))
         self._published_bytes += size
         self.advance(step)
+
+    def _write_message(
+        self, name: str, buffers: Sequence[memoryview | bytes], size: int
+    ) -> tuple[str, SpareFile | None]:
+        """Publish ``name`` through a spare where one is kept, else as a fresh file."""
+        spare = self.spares.take(size)
+        if spare is None:
+            return publish(self.directory, name, buffers), None
+        path = os.path.join(self.directory, name)
+        spare.publish(path, buffers)
+        return path, spare
 
     def advance(self, step: int) -> None:
         """Announce step ``step`` of the current operation (published, or a message-less step).
@@ -273,11 +279,8 @@ class GroupTransport:
             index = self._sent[dst]
             name = self._p2p_name(self.rank, dst, index)
             buffers = message.encode(index, tag, description, tensors)
-            spare = self.spares.take(sum(len(b) for b in buffers))
-            if spare is None:
-                publish(self.directory, name, buffers)
-            else:
-                spare.publish(os.path.join(self.directory, name), buffers)
+            _, spare = self._write_message(name, buffers, sum(len(b) for b in buffers))
+            if spare is not None:
                 spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
             self._sent[dst] = index + 1
             self._records[self.rank].write(_P2P_SLOT.pack(index + 1), self._sent_slot(dst))

@@ -100,31 +100,3 @@ def reduce_into_own(
         combine_to(reduction, prefix, own, own)
     for rank in range(t.rank + 1, t.size):
         combine_into(reduction, own, peer_part(t, rank, step, part, own, byte_offset))
-
-
-def reduce_over_ranks(
-    t: GroupTransport,
-    step: int,
-    part: int,
-    reduction: Reduction,
-    acc: torch.Tensor,
-    local: torch.Tensor,
-    byte_offset: int | None = None,
-) -> None:
-    """``acc <- local_0 (op) local_1 (op) ...`` over every rank's part, always in rank order.
-
-    The fixed order makes floating-point results bit-identical on every rank that computes them.
-    ``local`` is this rank's own contribution (read from memory, not from its file).
-    """
-    for rank in range(t.size):
-        if rank == t.rank:
-            if rank == 0:
-                acc.copy_(local)
-            elif rank != 1:  # rank 1 combined its own part with rank 0's below
-                combine_into(reduction, acc, local)  # straight from memory: no copy
-        elif rank == 0 and t.rank == 1:  # the first combination lands in acc directly
-            combine_to(reduction, peer_part(t, 0, step, part, acc, byte_offset), local, acc)
-        elif rank == 0:
-            read_part(t, 0, step, part, acc, byte_offset)
-        else:
-            combine_into(reduction, acc, peer_part(t, rank, step, part, acc, byte_offset))

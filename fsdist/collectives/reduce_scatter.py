@@ -11,7 +11,7 @@ import torch
 
 from ..reduce_ops import Reduction, finish
 from ..transport import GroupTransport
-from ._common import reduce_over_ranks, scratch
+from ._common import reduce_into_own
 
 
 def reduce_scatter(
@@ -25,7 +25,6 @@ def reduce_scatter(
     if t.size > 1:
         t.publish(1, [piece for pieces in inputs for piece in pieces])
     for k, output in enumerate(outputs):
-        acc = scratch(output, 0)
-        reduce_over_ranks(t, 1, k * t.size + t.rank, reduction, acc, inputs[k][t.rank])
-        finish(reduction, acc, t.size)
-        output.copy_(acc)
+        output.copy_(inputs[k][t.rank])  # the own piece is published: the output takes the result
+        reduce_into_own(t, 1, k * t.size + t.rank, reduction, output)
+        finish(reduction, output, t.size)
