@@ -6,11 +6,12 @@ or fsdist's launcher starts both (Lightning sees LOCAL_RANK and starts nothing):
 
     python -m fsdist run --nproc-per-node 2 --dir /tmp/fsdist-run examples/frameworks/train_lightning.py
 
-The only change from a Gloo script is the backend string in ``DDPStrategy``. Lightning creates
-the group itself with ``init_process_group(backend, rank=, world_size=)``, i.e. torch's ``env://``:
-under its own launcher through a TCPStore at MASTER_ADDR:MASTER_PORT (fsdist then keeps its files
-on this machine, in FSDIST_LOCAL_DIR or /dev/shm); under ``fsdist run`` through the run directory
-(FSDIST_DIR), which makes no port needed.
+The only change from a Gloo script is the backend string in ``DDPStrategy`` (and, under SLURM, the
+cluster environment: see ``plugins`` below). Lightning creates the group itself with
+``init_process_group(backend, rank=, world_size=)``, i.e. torch's ``env://``: under its own
+launcher through a TCPStore at MASTER_ADDR:MASTER_PORT (fsdist then keeps its files on this
+machine, in FSDIST_LOCAL_DIR or /dev/shm); under ``fsdist run`` through the run directory
+(FSDIST_DIR), with no port.
 
 ``--backend gloo`` runs the same training over Gloo; ``--save FILE`` keeps rank 0's final
 parameters to compare. Nothing else is written: no logger, no checkpoint.
@@ -23,6 +24,7 @@ import os
 import torch
 import torch.distributed as dist
 from lightning import LightningModule, Trainer
+from lightning.pytorch.plugins.environments import LightningEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 
 from _common import BATCH, finish, flat, make_data, make_model, parse_args
@@ -45,6 +47,9 @@ def main() -> None:
     args = parse_args(__doc__, init_method=False)
     devices = int(os.environ.get("LOCAL_WORLD_SIZE", 2))  # fsdist run sets it; Lightning's launcher does not
     num_nodes = int(os.environ.get("WORLD_SIZE", devices)) // devices
+    # Under `srun ... fsdist run` Lightning would detect SLURM and take each launcher's SLURM task id
+    # for the ranks' ids; LightningEnvironment reads LOCAL_RANK and GROUP_RANK, which fsdist run sets.
+    plugins = [LightningEnvironment()] if "FSDIST_DIR" in os.environ else []
     module = Regression()
     initial = flat(module.net)
     trainer = Trainer(
@@ -52,6 +57,7 @@ def main() -> None:
         devices=devices,
         num_nodes=num_nodes,
         strategy=DDPStrategy(process_group_backend=args.backend),  # "gloo" in a Gloo script
+        plugins=plugins,
         max_steps=args.steps,
         logger=False,
         enable_checkpointing=False,

@@ -132,8 +132,17 @@ def test_lightning_starts_its_own_second_rank_over_fsdist(tmp_path, gloo) -> Non
     _only(tmp_path, "params.pt", *(["local"] if local.exists() else []))
 
 
-def test_lightning_under_fsdist_run(tmp_path, gloo) -> None:
-    done = _fsdist_run(tmp_path, "train_lightning.py", "--save", "params.pt", env=_env())
+# what `srun --nodes=1 --ntasks-per-node=1 python -m fsdist run ...` hands each rank: the launcher's
+# SLURM task, which Lightning would detect and mistake for the rank's own (the example guards it)
+SLURM = {"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "train", "SLURM_NNODES": "1", "SLURM_NODEID": "0",
+         "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+         "SLURM_NODELIST": "localhost"}  # fmt: skip
+
+
+@pytest.mark.parametrize("under", ["shell", "slurm"])
+def test_lightning_under_fsdist_run(tmp_path, gloo, under) -> None:
+    env = _env(**SLURM) if under == "slurm" else _env()
+    done = _fsdist_run(tmp_path, "train_lightning.py", "--save", "params.pt", env=env)
     _check(done, "lightning", "fsdist")
     _assert_same_bits(tmp_path / "params.pt", gloo("lightning"))
     _only(tmp_path, "params.pt", "run")
