@@ -8,6 +8,7 @@ final parameters with the same example run over Gloo. Run with `make test-framew
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,11 +31,12 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _gloo_env() -> dict[str, str]:
-    """A Gloo run under `fsdist run` meets through torch's env:// (a TCPStore)."""
+    """A Gloo run under `fsdist run` meets through torch's own env:// (a TCPStore): the reference
+    owes nothing to fsdist (with FSDIST_DIR set, fsdist would otherwise serve env:// itself)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    return _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    return _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), FSDIST_ENV_INIT="torch")
 
 
 def _alive_in_group(pgid: int) -> list[int]:
@@ -146,6 +148,27 @@ def test_lightning_under_fsdist_run(tmp_path, gloo, under) -> None:
     _check(done, "lightning", "fsdist")
     _assert_same_bits(tmp_path / "params.pt", gloo("lightning"))
     _only(tmp_path, "params.pt", "run")
+
+
+def _netns_and_strace() -> bool:
+    if shutil.which("unshare") is None or shutil.which("strace") is None:
+        return False
+    return subprocess.run(["unshare", "-n", "strace", "-o", "/dev/null", "true"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _netns_and_strace(), reason="needs root for unshare -n, and strace")
+def test_lightning_under_fsdist_run_needs_no_network(tmp_path, gloo) -> None:
+    """In a network namespace with no interface; with MASTER_PORT set (to anything) Lightning does
+    not even probe for a free port, so no rank opens an internet socket at all."""
+    trace = tmp_path / "socket.trace"
+    prefix = ["unshare", "-n", "strace", "-f", "--seccomp-bpf", "-e", "trace=socket", "-o", str(trace)]
+    launcher = [sys.executable, "-m", "fsdist", "run", "--nproc-per-node", "2", "--dir", str(tmp_path / "run")]
+    script = [str(EXAMPLES / "train_lightning.py"), "--save", "params.pt"]
+    done = _run([*prefix, *launcher, *script], tmp_path, _env(MASTER_PORT="1"))
+    _check(done, "lightning", "fsdist")
+    _assert_same_bits(tmp_path / "params.pt", gloo("lightning"))
+    inet = [line for line in trace.read_text().splitlines() if "AF_INET" in line]
+    assert not inet, f"{len(inet)} internet sockets opened, e.g. {inet[:3]}"
 
 
 # env:// (the default): what a script written for torchrun does; fsdist:// names the directory
