@@ -37,7 +37,7 @@ def parse_args(doc: str | None, init_method: bool = True) -> argparse.Namespace:
         parser.add_argument(
             "--init-method",
             default=None,
-            help="init_process_group's init_method (default: torch's env://; fsdist://DIR names the directory)",
+            help="init_process_group's init_method (default: env://, served through FSDIST_DIR under fsdist run)",
         )
     parser.add_argument("--steps", type=int, default=5, help="optimizer steps")
     parser.add_argument("--save", help="rank 0 saves the final parameters to this file (torch.save)")

@@ -9,8 +9,11 @@ first, then ``Accelerator(cpu=True)`` without a backend. accelerate then *report
 ``backend=gloo`` (its ``state.backend``) while every collective goes through the fsdist group:
 ``dist.get_backend()`` says "fsdist". This script prints both and checks the latter.
 
-``--backend gloo`` runs the same training over Gloo (it then needs MASTER_ADDR/MASTER_PORT, or a
-store-based ``--init-method``); ``--save FILE`` keeps rank 0's final parameters to compare.
+With no ``--init-method`` the group is made through torch's ``env://``, which fsdist serves through
+the run directory under ``fsdist run`` (``--init-method fsdist://`` says so explicitly).
+``--backend gloo`` runs the same training over Gloo (under ``fsdist run`` fsdist serves Gloo's
+``env://`` too, unless FSDIST_ENV_INIT=torch with MASTER_ADDR/MASTER_PORT); ``--save FILE`` keeps
+rank 0's final parameters to compare.
 """
 
 from __future__ import annotations

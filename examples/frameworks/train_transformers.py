@@ -9,6 +9,9 @@ itself up through accelerate, which adopts a process group that already exists: 
 group first, then ``TrainingArguments(use_cpu=True)`` without ``ddp_backend``. The Trainer then
 wraps the model in DDP over the fsdist group (accelerate still *reports* ``backend=gloo``).
 
+``use_cpu=True`` matters: without it, on a machine without an accelerator, the Trainer does not
+distribute at all (each rank trains its own copy); the script checks ``parallel_mode``.
+
 The model is a tiny GPT-2 built from its config (nothing is downloaded), trained on generated
 tokens. ``--backend gloo`` runs the same training over Gloo; ``--save FILE`` keeps rank 0's final
 parameters to compare.
