@@ -78,3 +78,20 @@ def what_the_group_is() -> dict[str, object]:
         "size": dist.get_world_size(),
         "root": pg._generation.root,
     }
+
+
+def init_and_report(method: str, rank: int, world: int, directory: str, env: dict[str, str], port: int = 0) -> dict:
+    """Try to form a group the way ``method`` does (harness.INIT_METHODS) after setting ``env``;
+    report how it ended and after how long (the test prints the times; it asserts on the error)."""
+    import time
+
+    from harness import init_group
+
+    os.environ.update(env)
+    start = time.monotonic()
+    try:
+        init_group(method, rank, world, directory, timeout=120, port=port)
+    except Exception as exc:  # noqa: BLE001 - the error is the result
+        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
+    dist.destroy_process_group()
+    return {"error": None, "message": "", "seconds": time.monotonic() - start}
