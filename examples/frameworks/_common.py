@@ -11,7 +11,9 @@ comparison with another backend (``tests/frameworks`` does it).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -63,6 +65,21 @@ def world_size_from_env(default: int) -> int:
 
 def flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).clone()
+
+
+def check_released(ddp: weakref.ref[torch.nn.Module]) -> None:
+    """Call before ``destroy_process_group``: the DDP wrapper (and its reducer) must be gone.
+
+    This matters for ``--backend gloo``. If DDP's reducer outlives ``destroy_process_group``, it
+    is the Gloo group's last owner and destroys it when it dies, with the GIL held; the Gloo
+    group's destructor joins its worker threads, and a worker that is freeing a finished work
+    holding Python tensors waits for the GIL: both wait forever (torch issue 56297; seen here in
+    the transformers and accelerate examples' Gloo runs at exit, on a loaded machine). Released
+    by ``destroy_process_group`` instead, the group is destroyed without the GIL. fsdist's group
+    has no worker threads of that kind; the check costs nothing.
+    """
+    gc.collect()  # frameworks keep reference cycles
+    check(ddp() is None, "the DDP model is still alive before destroy_process_group")
 
 
 def finish(name: str, model: torch.nn.Module, initial: torch.Tensor, args: argparse.Namespace) -> None:

@@ -18,11 +18,13 @@ rank 0's final parameters to compare.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 
-from _common import BATCH, check, finish, flat, make_data, make_model, parse_args
+from _common import BATCH, check, check_released, finish, flat, make_data, make_model, parse_args
 
 
 def main() -> None:
@@ -51,6 +53,10 @@ def main() -> None:
         optimizer.step()
         optimizer.zero_grad()
     finish("accelerate", accelerator.unwrap_model(model), initial, args)
+    ddp = weakref.ref(model)
+    accelerator.free_memory()  # drops accelerate's references to DDP ...
+    del model, optimizer, loss  # ... and ours, before the group goes (_common.check_released says why)
+    check_released(ddp)
     accelerator.end_training()  # destroys the process group: the run directory is left clean
 
 

@@ -20,12 +20,13 @@ parameters to compare.
 from __future__ import annotations
 
 import tempfile
+import weakref
 
 import torch
 import torch.distributed as dist
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-from _common import BATCH, check, finish, flat, parse_args
+from _common import BATCH, check, check_released, finish, flat, parse_args
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -77,6 +78,9 @@ def main() -> None:
         trainer = Trainer(model=model, args=training, train_dataset=Tokens(world * args.steps * BATCH))
         trainer.train()
     finish("transformers", trainer.model, initial, args)
+    ddp = weakref.ref(trainer.model_wrapped)
+    del trainer  # with it DDP, before the group goes (_common.check_released says why)
+    check_released(ddp)
     dist.destroy_process_group()
 
 

@@ -39,6 +39,33 @@ def _gloo_env() -> dict[str, str]:
     return _env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), FSDIST_ENV_INIT="torch")
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live process below ``pid`` (fsdist run starts each rank in a session of its own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # exited meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _alive_in_group(pgid: int) -> list[int]:
     """Processes of process group ``pgid`` that have not exited (read from /proc)."""
     found = []
@@ -64,7 +91,7 @@ def _run(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.Compl
     try:
         out, err = proc.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill([*_descendants(proc.pid), proc.pid])  # the ranks first: killed, a launcher cannot stop them
         out, err = proc.communicate()
         pytest.fail(f"{command} ran over {TIMEOUT} s:\n{out}{err}")
     deadline = time.monotonic() + 60
