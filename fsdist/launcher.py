@@ -2,8 +2,9 @@
 
 Each node's launcher starts ``--nproc-per-node`` ranks with RANK, LOCAL_RANK, WORLD_SIZE,
 LOCAL_WORLD_SIZE and FSDIST_DIR set, so a script written for torchrun needs nothing else: its
-``init_process_group("fsdist")`` (torch's env://) meets through FSDIST_DIR (init_methods.py). Launchers of one job find each other through the shared directory alone:
-they form their own generation under ``DIR/.launch`` with fsdist's rendezvous. When a rank
+``init_process_group("fsdist")`` (torch's env://) meets through FSDIST_DIR (init_methods.py).
+Launchers of one job find each other through the shared directory alone: they form their own
+generation under ``DIR/.launch`` with fsdist's rendezvous. When a rank
 fails, its launcher records the failure (rank, exit code, the rank's traceback) in that
 generation's ``abort`` record, first writer wins; every launcher polls the record, stops its
 own ranks, prints the *first* failure and exits non-zero. No socket is opened anywhere.

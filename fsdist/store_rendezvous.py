@@ -48,7 +48,8 @@ from .errors import RendezvousError
 from .fileio import make_private_dir, remove_tree
 from .liveness import Identity, is_alive, node_id, this_process
 from .locked_record import LockedRecord
-from .rendezvous import RENDEZVOUS_FILE, Generation, claim, confirm, withdraw
+from .rendezvous import Generation, claim, confirm, withdraw
+from .rendezvous_record import RENDEZVOUS_FILE
 from .store import DirectoryStore
 from .waiting import Deadline, poll
 
@@ -72,13 +73,14 @@ def join_through_store(
     """Form this job's generation with ``store`` as the meeting point (see the module docstring).
 
     ``subdir``: an fsdist group under another backend's world group gets a generation of its
-    own, in that folder of the run directory (removed when its last rank leaves).
+    own, in that folder of the run directory (beside it, for a folder fsdist made), removed
+    when its last rank leaves.
     """
     ex = _Exchange(store, rank, world_size, timeout)
     inner = unwrap_store(store)
     root, owns_root = _run_directory(inner)
-    if root and subdir:
-        root, owns_root = os.path.join(root, subdir), True
+    if root and subdir:  # inside a directory the user named; beside one fsdist made for the job
+        root, owns_root = (f"{root}.{subdir}" if owns_root else os.path.join(root, subdir)), True
     me = {
         "format": _FORMAT, "world_size": world_size, "root": root or "", "node": node_id(),
         **this_process().to_json(), "nonce": secrets.token_hex(8),

@@ -95,3 +95,20 @@ def init_and_report(method: str, rank: int, world: int, directory: str, env: dic
         return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
     dist.destroy_process_group()
     return {"error": None, "message": "", "seconds": time.monotonic() - start}
+
+
+def fsdist_groups_under_a_gloo_world(directory: str, rank: int, world: int) -> list[float]:
+    """A Gloo world group (file://) with fsdist subgroups: each forms a generation of its own."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{directory}/initfile", rank=rank, world_size=world)
+    everyone = dist.new_group(backend="fsdist")
+    pair = dist.new_group([0, 1], backend="fsdist")
+    t = torch.ones(2) * (rank + 1)
+    dist.all_reduce(t, group=everyone)
+    u = torch.ones(1)
+    if rank in (0, 1):
+        dist.all_reduce(u, group=pair)
+    assert dist.get_backend(everyone) == "fsdist" and dist.get_backend() == "gloo"
+    dist.destroy_process_group()
+    return [t[0].item(), u.item()]

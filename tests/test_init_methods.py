@@ -83,3 +83,14 @@ def test_destroy_leaves_only_what_each_route_documents(route: str) -> None:
     # removes its own file when its last user closes it
     assert remaining == (["fsdist-rendezvous.json"] if route == "env" else []), remaining
     assert not os.path.exists(directory)
+
+
+def test_fsdist_subgroups_under_a_gloo_world(tmp_path) -> None:
+    pool = RankPool(3, init=False)
+    try:
+        results = pool.run_each(cases_init.fsdist_groups_under_a_gloo_world, [(str(tmp_path), r, 3) for r in range(3)])
+    finally:
+        pool.kill()
+    assert results == [[6.0, 2.0], [6.0, 2.0], [6.0, 1.0]]
+    leftovers = [n for n in os.listdir(tmp_path) if n != "initfile"]  # torch's FileStore file is Gloo's
+    assert not leftovers, leftovers
