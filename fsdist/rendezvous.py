@@ -16,6 +16,7 @@ The file holds JSON, never pickle: the directory is shared with other users.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -41,6 +42,7 @@ from .rendezvous_record import (
     mark_refused,
     new_generation,
     parse,
+    retire_own_stale_entries,
     staying,
 )
 from .waiting import Deadline, poll
@@ -67,6 +69,12 @@ class Generation:
     incarnations: dict[str, int] = field(default_factory=dict)
     #: Called once this rank has left (init methods release what they keep alive for torch).
     on_leave: list[Callable[[], None]] = field(default_factory=list)
+    left: bool = False
+
+    def __post_init__(self) -> None:
+        # A group of another backend formed through fsdist's directory (env:// under `fsdist
+        # run` serves Gloo too) is destroyed without telling fsdist: leave at exit at the latest
+        atexit.register(self.leave)
 
     def heartbeat_path(self, rank: int) -> str:
         return os.path.join(self.directory, f"heartbeat.r{rank}")
@@ -76,7 +84,12 @@ class Generation:
 
         Leaving is recorded in the rendezvous file itself, so a rank that starts the next job
         while its peers are still shutting down sees a job that is ending, not a live one.
+        Leaving twice is leaving once.
         """
+        if self.left:
+            return
+        self.left = True
+        atexit.unregister(self.leave)
         emptied = False
 
         def mark(old: bytes) -> bytes | None:
@@ -125,6 +138,7 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
         def join(old: bytes) -> bytes | None:
             nonlocal state
             state = parse(old)
+            retired = retire_own_stale_entries(state, me)
             members = state.get("members", {}).values()
             if any(m.get("refused") for m in members) and any(staying(m) for m in members):
                 return None  # a member refused this filesystem: fail like it did (fs_guard)
@@ -142,8 +156,8 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
                 state["conflict"] = conflict_message(state, rank, world_size, me)
                 conflict.append(exc)
                 return json.dumps(state).encode()
-            if verdict == "wait":
-                return None  # the previous job is shutting down: let it finish
+            if verdict == "wait":  # the previous job is shutting down: let it finish
+                return json.dumps(state).encode() if retired else None
             if verdict == "replace":
                 state = new_generation(root, world_size, previous=state)
             # members known dead can never take part: free their slots rather than count them

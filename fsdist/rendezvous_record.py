@@ -35,6 +35,7 @@ __all__ = [
     "mark_refused",
     "new_generation",
     "parse",
+    "retire_own_stale_entries",
     "staying",
 ]
 
@@ -115,6 +116,19 @@ def conflict_message(state: dict[str, Any], rank: int | None, world_size: int, m
         f"{who} (pid {me['pid']} on {me['host']}) tried to join generation {state['generation']} "
         f"{why}. Give every rank of a job the same world size, and each job its own directory"
     )
+
+
+def retire_own_stale_entries(state: dict[str, Any], me: dict[str, Any]) -> bool:
+    """Mark as left every entry of *this process* other than ``me`` (same machine, pid and start
+    time, another nonce); True if any was. Such an entry is an earlier init of this process whose
+    group torch destroyed without fsdist hearing of it (a Gloo group formed through the
+    directory): the process is starting afresh, so that membership is over."""
+    retired = False
+    for member in state.get("members", {}).values():
+        same = all(member.get(k) == me.get(k) for k in ("host", "pid", "start_time", "machine"))
+        if same and member.get("nonce") != me.get("nonce") and not member.get("left"):
+            member["left"] = retired = True
+    return retired
 
 
 def staying(member: dict[str, Any]) -> bool:

@@ -112,3 +112,20 @@ def fsdist_groups_under_a_gloo_world(directory: str, rank: int, world: int) -> l
     assert dist.get_backend(everyone) == "fsdist" and dist.get_backend() == "gloo"
     dist.destroy_process_group()
     return [t[0].item(), u.item()]
+
+
+def gloo_through_the_directory(directory: str, rank: int, world: int, rounds: int) -> list[float]:
+    """Gloo with torch's default env:// under `fsdist run` (FSDIST_DIR set): the group meets
+    through fsdist's directory. torch destroys it without telling fsdist, so a later init of the
+    same process, and its exit, must still leave the directory clean."""
+    import torch.distributed as dist
+
+    os.environ.update(FSDIST_DIR=directory, RANK=str(rank), WORLD_SIZE=str(world))
+    sums = []
+    for _ in range(rounds):
+        dist.init_process_group("gloo")
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        sums.append(t.item())
+        dist.destroy_process_group()
+    return sums
