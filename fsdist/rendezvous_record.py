@@ -120,10 +120,13 @@ def conflict_message(state: dict[str, Any], rank: int | None, world_size: int, m
 
 def retire_own_stale_entries(state: dict[str, Any], me: dict[str, Any]) -> bool:
     """Mark as left every entry of *this process* other than ``me`` (same machine, pid and start
-    time, another nonce); True if any was. Such an entry is an earlier init of this process whose
-    group torch destroyed without fsdist hearing of it (a Gloo group formed through the
-    directory): the process is starting afresh, so that membership is over."""
+    time, another nonce) in a formed generation; True if any was. Such an entry is an earlier init
+    of this process whose group torch destroyed without fsdist hearing of it (a Gloo group formed
+    through the directory): the process is starting afresh, so that membership is over. (In a
+    generation still forming, another entry of this process is another thread's rank.)"""
     retired = False
+    if not state.get("complete"):
+        return False
     for member in state.get("members", {}).values():
         same = all(member.get(k) == me.get(k) for k in ("host", "pid", "start_time", "machine"))
         if same and member.get("nonce") != me.get("nonce") and not member.get("left"):
