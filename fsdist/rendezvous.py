@@ -30,7 +30,7 @@ from typing import Any
 
 from . import fs_guard
 from .defaults import DEFAULT_TIMEOUT, RENDEZVOUS_NOTE_SECONDS, SHARED_DIR_GRACE_SECONDS
-from .errors import RendezvousError
+from .errors import FsdistError, RendezvousError
 from .fileio import make_private_dir, remove_tree, unlink_quietly
 from .liveness import Identity, is_alive, this_process
 from .locked_record import LockedRecord
@@ -74,7 +74,13 @@ class Generation:
     def __post_init__(self) -> None:
         # A group of another backend formed through fsdist's directory (env:// under `fsdist
         # run` serves Gloo too) is destroyed without telling fsdist: leave at exit at the latest
-        atexit.register(self.leave)
+        atexit.register(self._leave_at_exit)
+
+    def _leave_at_exit(self) -> None:
+        try:
+            self.leave()
+        except (OSError, FsdistError) as exc:  # the directory may be gone already: best effort
+            log.debug("fsdist: could not leave generation %s at exit: %s", self.generation_id, exc)
 
     def heartbeat_path(self, rank: int) -> str:
         return os.path.join(self.directory, f"heartbeat.r{rank}")
@@ -89,7 +95,7 @@ class Generation:
         if self.left:
             return
         self.left = True
-        atexit.unregister(self.leave)
+        atexit.unregister(self._leave_at_exit)
         emptied = False
 
         def mark(old: bytes) -> bytes | None:
