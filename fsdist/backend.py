@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import call_forms as forms
 from . import collectives as coll
 from ._torch_compat import unwrap_store
 from .debug import enabled as debug_enabled
@@ -144,15 +145,17 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     # ---- collectives ----------------------------------------------------------------------
 
-    def broadcast(self, tensors: Tensors, opts: Any) -> FsdistWork:
+    def broadcast(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
+        tensors, opts = forms.rooted(tensors, opts, dist.BroadcastOptions)
         root = self._check_root(opts.rootRank)
         desc = describe("broadcast", tensors, root=root)
         return self._submit(desc, list(tensors), lambda s: coll.broadcast(self._t, [s.inout(x) for x in tensors], root))
 
-    def allreduce(self, tensors: Tensors, opts: Any) -> FsdistWork:
-        return self.allreduce_coalesced(tensors, opts, name="all_reduce")
+    def allreduce(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
+        return self.allreduce_coalesced(*forms.allreduce(tensors, opts), name="all_reduce")
 
-    def allreduce_coalesced(self, tensors: Tensors, opts: Any, name: str = "all_reduce_coalesced") -> FsdistWork:
+    def allreduce_coalesced(self, tensors: Tensors, opts: Any = None, name: str = "all_reduce_coalesced") -> FsdistWork:
+        tensors, opts = forms.allreduce(tensors, opts, dist.AllreduceCoalescedOptions)
         reduction = reduction_of(opts.reduceOp, tensors)
         desc = describe(name, tensors, reduction=reduction)
 
@@ -161,20 +164,22 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
         return self._submit(desc, list(tensors), run)
 
-    def reduce(self, tensors: Tensors, opts: Any) -> FsdistWork:
+    def reduce(self, tensors: Tensors, opts: Any = None, op: Any = None) -> FsdistWork:
+        tensors, opts = forms.reduce(tensors, opts, op)
         root = self._check_root(opts.rootRank)
         reduction = reduction_of(opts.reduceOp, tensors)
         (tensor,) = _exactly_one(tensors, "reduce")
         desc = describe("reduce", tensors, root=root, reduction=reduction)
         return self._submit(desc, [tensor], lambda s: coll.reduce(self._t, s.inout(tensor), root, reduction))
 
-    def allgather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any) -> FsdistWork:
+    def allgather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
+        output_lists, inputs = forms.allgather(output_lists, inputs)
         (tensor,) = _exactly_one(inputs, "all_gather")
         (outputs,) = _exactly_one(output_lists, "all_gather outputs")
         self._check_list(outputs, tensor, "all_gather")
         return self._all_gather("all_gather", [[out] for out in outputs], [tensor], list(outputs))
 
-    def allgather_coalesced(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any) -> FsdistWork:
+    def allgather_coalesced(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
         if len(output_lists) != self.size():
             raise ValueError(f"all_gather_coalesced needs {self.size()} output lists, got {len(output_lists)}")
         for outputs in output_lists:
@@ -183,11 +188,11 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         flat = [out for outputs in output_lists for out in outputs]
         return self._all_gather("all_gather_coalesced", output_lists, inputs, flat)
 
-    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> FsdistWork:
+    def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> FsdistWork:
         return self.all_gather_single_coalesced([output], [tensor], opts, name="all_gather_into_tensor")
 
     def all_gather_single_coalesced(
-        self, outputs: Tensors, inputs: Tensors, opts: Any, name: str = "all_gather_into_tensor_coalesced"
+        self, outputs: Tensors, inputs: Tensors, opts: Any = None, name: str = "all_gather_into_tensor_coalesced"
     ) -> FsdistWork:
         for out, tensor in zip(outputs, inputs, strict=True):
             if out.numel() != tensor.numel() * self.size() or out.dtype != tensor.dtype:
@@ -220,7 +225,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             inputs,
         )
 
-    def gather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any) -> FsdistWork:
+    def gather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
+        output_lists, inputs, opts = forms.gather(output_lists, inputs, opts)
         root = self._check_root(opts.rootRank)
         (tensor,) = _exactly_one(inputs, "gather")
         outputs: Tensors = []
@@ -237,7 +243,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             [tensor],
         )
 
-    def scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any) -> FsdistWork:
+    def scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any = None) -> FsdistWork:
+        outputs, input_lists, opts = forms.scatter(outputs, input_lists, opts)
         root = self._check_root(opts.rootRank)
         (output,) = _exactly_one(outputs, "scatter")
         inputs: Tensors = []
@@ -254,7 +261,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             inputs,
         )
 
-    def reduce_scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any) -> FsdistWork:
+    def reduce_scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any = None) -> FsdistWork:
+        outputs, input_lists, opts = forms.reduce_scatter(outputs, input_lists, opts)
         reduction = reduction_of(opts.reduceOp, outputs)
         (output,) = _exactly_one(outputs, "reduce_scatter")
         (inputs,) = _exactly_one(input_lists, "reduce_scatter inputs")
@@ -267,12 +275,13 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             inputs,
         )
 
-    def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any) -> FsdistWork:
+    def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> FsdistWork:
         return self.reduce_scatter_single_coalesced([output], [tensor], opts, name="reduce_scatter_tensor")
 
     def reduce_scatter_single_coalesced(
-        self, outputs: Tensors, inputs: Tensors, opts: Any, name: str = "reduce_scatter_tensor_coalesced"
+        self, outputs: Tensors, inputs: Tensors, opts: Any = None, name: str = "reduce_scatter_tensor_coalesced"
     ) -> FsdistWork:
+        opts = forms.options(opts, dist.ReduceScatterOptions)
         reduction = reduction_of(opts.reduceOp, outputs)
         for out, tensor in zip(outputs, inputs, strict=True):
             if tensor.numel() != out.numel() * self.size() or out.dtype != tensor.dtype:
@@ -288,7 +297,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
         return self._submit(desc, list(outputs), run, inputs)
 
-    def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any) -> FsdistWork:
+    def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> FsdistWork:
         if len(outputs) != self.size() or len(inputs) != self.size():
             raise ValueError(f"all_to_all needs {self.size()} input and output tensors")
         desc = describe("all_to_all", inputs[:0], dtype=inputs[0].dtype)
@@ -300,8 +309,9 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         )
 
     def all_to_all_single(
-        self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list[int], input_splits: list[int], opts: Any
-    ) -> FsdistWork:
+        self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list[int], input_splits: list[int],
+        opts: Any = None,
+    ) -> FsdistWork:  # fmt: skip
         out_splits = _splits(output, output_splits, self.size(), "output")
         in_splits = _splits(tensor, input_splits, self.size(), "input")
         desc = describe("all_to_all_single", [], dtype=tensor.dtype)

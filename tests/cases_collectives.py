@@ -377,3 +377,47 @@ def run_ahead_is_bounded() -> list[int]:
             most = max(most, sum(len(glob.glob(os.path.join(d, "m*.r0"))) for d in group_dir))
     dist.barrier()
     return [most, RUN_AHEAD]
+
+
+def direct_process_group_calls() -> Result:
+    """Calling the process group object with pybind's other overloads, as torch's own tests and
+    some frameworks do: ``pg.allreduce(t)``, ``pg.broadcast(t, root)``, ``pg.gather(outs, t, root)``."""
+    rank, world = _rank_world()
+    pg = dist.distributed_c10d._get_default_group()
+    result = _new_result()
+    mine = torch.full((3,), float(rank + 1))
+    every = [torch.full((3,), float(r + 1)) for r in range(world)]
+    total = sum(every)
+
+    def check(label: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+        _record(label, [(label, actual, expected)], result)
+
+    t = mine.clone()
+    check("allreduce(tensor)", pg.allreduce(t).get_future().wait()[0], total)
+    t = mine.clone()
+    check("allreduce([t], MAX)", pg.allreduce([t], dist.ReduceOp.MAX).get_future().wait()[0], every[-1])
+    t = mine.clone()
+    tripled = pg.allreduce([t]).get_future().then(lambda f: [x * 3 for x in f.wait()]).wait()[0]
+    check("allreduce future then", tripled, total * 3)
+    t = mine.clone()
+    pg.broadcast(t, world - 1).wait()
+    check("broadcast(tensor, root)", t, every[-1])
+    t = mine.clone()
+    pg.reduce(t, 0, dist.ReduceOp.SUM).wait()
+    if rank == 0:
+        check("reduce(tensor, root, op)", t, total)
+    outs = [torch.zeros(3) for _ in range(world)]
+    pg.allgather(outs, mine).wait()
+    check("allgather(outputs, tensor)", torch.stack(outs), torch.stack(every))
+    outs = [torch.zeros(3) for _ in range(world)] if rank == 0 else []
+    pg.gather(outs, mine, 0).wait()
+    if rank == 0:
+        check("gather(outputs, tensor, root)", torch.stack(outs), torch.stack(every))
+    out = torch.zeros(3)
+    pg.scatter(out, every if rank == 0 else [], 0).wait()
+    check("scatter(output, inputs, root)", out, every[rank])
+    out = torch.zeros(3)
+    pg.reduce_scatter(out, [mine.clone() for _ in range(world)], dist.ReduceOp.SUM).wait()
+    check("reduce_scatter(output, inputs, op)", out, total)
+    pg.barrier().wait()
+    return result

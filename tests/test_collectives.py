@@ -78,3 +78,8 @@ def test_a_rank_that_never_waits_runs_only_a_bounded_way_ahead(pool_factory) -> 
     results = pool.run_each(cases.run_ahead_is_bounded, [()] * 3)
     most, bound = results[0]
     assert 0 < most <= bound + 16, f"rank 0 kept {most} unread broadcast files (bound {bound})"
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_direct_process_group_calls_in_every_pybind_form(pool_factory, world: int) -> None:
+    _check(pool_factory(world).run(cases.direct_process_group_calls), same_on_all_ranks=False)
