@@ -32,6 +32,7 @@ from .errors import FsdistError
 from .liveness import Heartbeat, PeerWatch
 from .p2p import Mailbox, PendingReceive
 from .rendezvous import Generation
+from .sparse import all_reduce_sparse, is_sparse
 from .staging import Staging, check_stageable
 from .status import GROUP_RANKS_KEY
 from .store import DirectoryStore, key_to_filename
@@ -152,7 +153,15 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return self._submit(desc, list(tensors), lambda s: coll.broadcast(self._t, [s.inout(x) for x in tensors], root))
 
     def allreduce(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
-        return self.allreduce_coalesced(*forms.allreduce(tensors, opts), name="all_reduce")
+        tensors, opts = forms.allreduce(tensors, opts)
+        if is_sparse(tensors):  # three dense all_gathers, waited for here (sparse.py)
+            all_reduce_sparse(
+                tensors, opts.reduceOp.op, self.size(), lambda outs, x: self.allgather([outs], [x]).wait()
+            )
+            work = FsdistWork(list(tensors), "all_reduce sparse")
+            work.complete()
+            return work
+        return self.allreduce_coalesced(tensors, opts, name="all_reduce")
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None, name: str = "all_reduce_coalesced") -> FsdistWork:
         tensors, opts = forms.allreduce(tensors, opts, dist.AllreduceCoalescedOptions)

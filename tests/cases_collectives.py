@@ -421,3 +421,41 @@ def direct_process_group_calls() -> Result:
     check("reduce_scatter(output, inputs, op)", out, total)
     pg.barrier().wait()
     return result
+
+
+def sparse_all_reduce() -> Result:
+    """Sparse COO all_reduce SUM (Gloo has it; DDP uses it for sparse gradients): 1–3 sparse and
+    0–3 dense dimensions with overlapping indices, as torch's own simple_sparse_reduce_tests, plus
+    an empty tensor on some ranks."""
+
+    def sparse(r: int, sparse_dims: int, dense_dims: int) -> torch.Tensor:
+        indices = torch.arange(r + 1).reshape(1, r + 1)  # rank r holds rows 0..r: they overlap
+        shape = [world] + [2] * dense_dims
+        for _ in range(sparse_dims - 1):
+            indices = torch.cat((indices, torch.zeros(1, r + 1, dtype=torch.int64)))
+            shape.append(world)
+        return torch.sparse_coo_tensor(indices, torch.ones([r + 1] + [2] * dense_dims), shape)
+
+    rank, world = _rank_world()
+    result = _new_result()
+    for sparse_dims, dense_dims in [(1, 0), (2, 0), (3, 0), (1, 1), (1, 2), (1, 3)]:
+        tensor = sparse(rank, sparse_dims, dense_dims)
+        expected = sum(sparse(r, sparse_dims, dense_dims).to_dense() for r in range(world))
+        dist.all_reduce(tensor)
+        label = f"{sparse_dims} sparse + {dense_dims} dense dims"
+        _record(label, [("sum", tensor.to_dense(), expected)], result)
+        if not tensor.is_sparse:
+            result["failures"].append(f"{label}: the result is no longer sparse")
+    empty_on_odd = torch.sparse_coo_tensor(torch.tensor([[rank]]), torch.ones(1), (world,))
+    if rank % 2:
+        empty_on_odd = torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0), (world,))
+    dist.all_reduce(empty_on_odd)
+    expected = torch.tensor([1.0 if r % 2 == 0 else 0.0 for r in range(world)])
+    _record("empty on odd ranks", [("sum", empty_on_odd.to_dense(), expected)], result)
+    try:
+        dist.all_reduce(empty_on_odd, op=dist.ReduceOp.MAX)
+        result["failures"].append("sparse MAX was accepted")
+    except ValueError as exc:
+        if "SUM only" not in str(exc):
+            result["failures"].append(f"sparse MAX: unexpected message {exc}")
+    return result

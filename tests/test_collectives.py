@@ -83,3 +83,8 @@ def test_a_rank_that_never_waits_runs_only_a_bounded_way_ahead(pool_factory) -> 
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_direct_process_group_calls_in_every_pybind_form(pool_factory, world: int) -> None:
     _check(pool_factory(world).run(cases.direct_process_group_calls), same_on_all_ranks=False)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_sparse_all_reduce_sum(pool_factory, world: int) -> None:
+    _check(pool_factory(world).run(cases.sparse_all_reduce), same_on_all_ranks=True)
