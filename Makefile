@@ -1,11 +1,17 @@
 # Everyday commands. `make demo` and `make test` are the README's two commands.
-.PHONY: demo test test-gluster test-nfs lint examples docs bench clean
+.PHONY: demo test test-torch test-gluster test-nfs lint examples docs bench clean
 
 demo:
 	scripts/demo.sh
 
 test:
 	scripts/test.sh
+
+# torch's own distributed test suite, every test torch runs for Gloo, on fsdist at world sizes 2
+# and 3 (about 2 × 25 min on 2 cores; `make test` runs ~20 of them). Tables and JUnit XML in
+# torch-suite-results/; docs/torch-suite.md.
+test-torch:
+	scripts/test-torch.sh
 
 # GlusterFS from scratch, ranks split across two mounts (root; ~2 min). Also part of `make test`.
 test-gluster:
