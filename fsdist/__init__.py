@@ -1,9 +1,10 @@
 """fsdist: a torch.distributed backend whose ranks talk only through files in a shared directory.
 
-Importing fsdist registers the ``fsdist`` backend and the ``fsdist://`` rendezvous scheme::
+Importing fsdist (or just ``import torch`` once it is installed) registers the ``fsdist``
+backend and the ``fsdist://`` rendezvous scheme; every torch init method works with it::
 
-    import fsdist, torch.distributed as dist
-    dist.init_process_group("fsdist", init_method="fsdist:///shared/run", rank=r, world_size=n)
+    import torch.distributed as dist
+    dist.init_process_group("fsdist", init_method="file:///shared/run/initfile", rank=r, world_size=n)
 """
 
 from __future__ import annotations
@@ -40,12 +41,13 @@ def register() -> None:
 
     from . import _torch_compat as compat
     from .backend import create_process_group
-    from .rendezvous import fsdist_rendezvous_handler
+    from .init_methods import env_handler, fsdist_rendezvous_handler
 
     if not compat.backend_registered(BACKEND_NAME):
         dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
     if not compat.rendezvous_registered(BACKEND_NAME):
         compat.register_rendezvous(BACKEND_NAME, fsdist_rendezvous_handler)
+    compat.wrap_rendezvous("env", env_handler)  # env:// meets through FSDIST_DIR where it is set
 
 
 register()

@@ -24,6 +24,17 @@ def register_rendezvous(scheme: str, handler: Callable[..., Any]) -> None:
     dist.register_rendezvous_handler(scheme, handler)
 
 
+def wrap_rendezvous(scheme: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+    """Replace torch's handler for ``scheme`` by ``wrap(handler)``, once (torch has no public way:
+    ``register_rendezvous_handler`` refuses a scheme that exists)."""
+    handlers = _rendezvous._rendezvous_handlers
+    current = handlers[scheme]
+    if not getattr(current, "fsdist_wrapped", False):
+        wrapped = wrap(current)
+        wrapped.fsdist_wrapped = True  # type: ignore[attr-defined]
+        handlers[scheme] = wrapped
+
+
 def unwrap_store(store: dist.Store) -> dist.Store:
     """The innermost store under c10d's PrefixStore chain (it hands back our Python object)."""
     while isinstance(store, dist.PrefixStore):

@@ -34,6 +34,7 @@ from .rendezvous import Generation
 from .staging import Staging, check_stageable
 from .status import GROUP_RANKS_KEY
 from .store import DirectoryStore, key_to_filename
+from .store_rendezvous import join_through_store, joined
 from .transport import GroupTransport
 from .waiting import Deadline
 from .work import FsdistWork, OpQueue, ReceiveLoop
@@ -50,12 +51,15 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def __init__(
         self, store: DirectoryStore, generation: Generation, rank: int, size: int, timeout: timedelta, group_id: str,
-        global_ranks: Sequence[int], is_world: bool,
+        global_ranks: Sequence[int], owns_generation: bool,
     ) -> None:  # fmt: skip
+        """``store``: the generation's own DirectoryStore (whatever store c10d handed the creator);
+        ``owns_generation``: this group beats the heartbeat and leaves the generation at shutdown
+        (the world group, or an fsdist group under another backend's world)."""
         super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) form exists; the stub lacks it
         self._store = store  # c10d keeps only the C++ half of a Python store alive
         self._generation = generation
-        self._is_world = is_world
+        self._owns_generation = owns_generation
         self._timeout = timeout
         self._group_name = group_id
         self._group_desc = ""
@@ -68,11 +72,11 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             [generation.members[g] for g in global_ranks], [generation.heartbeat_path(g) for g in global_ranks]
         )
         self._t = GroupTransport(directory, rank, size, watch, timeout.total_seconds())
-        if not is_world and rank == 0:  # `fsdist status` maps the group's ranks to the job's
+        if not owns_generation and rank == 0:  # `fsdist status` maps the group's ranks to the job's
             store.set(GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(list(global_ranks)))
         #: per-operation debug records (FSDIST_DEBUG=1): decided once, so they cost nothing when off
         self._debug = debug_enabled()
-        self._heartbeat = Heartbeat(generation.heartbeat_path(generation.rank)) if is_world else None
+        self._heartbeat = Heartbeat(generation.heartbeat_path(generation.rank)) if owns_generation else None
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._queue = OpQueue(f"g{group_id}-r{rank}", on_error=self._broke)
@@ -381,8 +385,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self._t.close()
         if self._heartbeat is not None:
             self._heartbeat.stop()
-        if self._is_world:
-            self._store.release_files()  # before leaving: the last rank out deletes the directory
+        self._store.release_files()  # before leaving: the last rank out deletes the directory
+        if self._owns_generation:
             self._generation.leave()
 
     def abort(self) -> None:
@@ -461,17 +465,27 @@ def _splits(tensor: torch.Tensor, splits: list[int], parts: int, name: str) -> l
 
 
 def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupFsdist:
-    """The creator c10d calls (``extended_api=True``) for the world group and every subgroup."""
-    store = unwrap_store(opts.store)
-    if not isinstance(store, DirectoryStore) or store.generation is None:
-        raise FsdistError(
-            "the fsdist backend needs fsdist's rendezvous: init_process_group('fsdist', "
-            "init_method='fsdist:///shared/dir') or init_method='fsdist://' with FSDIST_DIR set"
-        )
-    generation: Generation = store.generation
-    is_world = not opts.global_ranks_in_group
-    global_ranks = list(opts.global_ranks_in_group) or list(range(generation.world_size))
+    """The creator c10d calls (``extended_api=True``) for the world group and every subgroup.
+
+    c10d hands it whatever store the init method made. fsdist's own (``fsdist://``, and
+    ``env://`` where FSDIST_DIR is set) carries the generation formed in the directory; any
+    other (FileStore, TCPStore, HashStore, a user's) is where the ranks agree on a fresh
+    generation first (store_rendezvous.py). Subgroups reuse the world group's generation.
+    """
     timeout = opts.timeout if opts.timeout.total_seconds() > 0 else DEFAULT_TIMEOUT
+    store = unwrap_store(opts.store)
+    global_ranks = list(opts.global_ranks_in_group)
+    if isinstance(store, DirectoryStore) and store.generation is not None:
+        generation, owner = store.generation, not global_ranks
+    elif global_ranks and joined() is not None:
+        generation, owner = joined(), False
+    else:  # the world group, or an fsdist group under another backend's world: its own generation
+        subdir = f"group.{key_to_filename(str(opts.group_id))}" if global_ranks else None
+        generation = join_through_store(opts.store, opts.group_rank, opts.group_size, timeout, subdir)
+        owner, global_ranks = True, []
+    if not isinstance(store, DirectoryStore) or store.generation is not generation:
+        store = DirectoryStore(os.path.join(generation.directory, "store"), timeout)  # fsdist's own records
+    global_ranks = global_ranks or list(range(generation.world_size))
     return ProcessGroupFsdist(
-        store, generation, opts.group_rank, opts.group_size, timeout, str(opts.group_id), global_ranks, is_world
+        store, generation, opts.group_rank, opts.group_size, timeout, str(opts.group_id), global_ranks, owner
     )

@@ -10,6 +10,22 @@ ENV_DIR = "FSDIST_DIR"
 #: Set to ``1`` for per-operation debug logs (``TORCH_DISTRIBUTED_DEBUG=DETAIL`` works too).
 ENV_DEBUG = "FSDIST_DEBUG"
 
+#: ``env://`` (torch's default init method) meets through FSDIST_DIR when that is set; set this
+#: to ``torch`` for torch's own TCPStore at MASTER_ADDR:MASTER_PORT instead.
+ENV_ENV_INIT = "FSDIST_ENV_INIT"
+#: Where a job whose ranks all run on one machine keeps its files when the store c10d handed
+#: the backend names no shared directory (a TCPStore, a HashStore): default /dev/shm.
+ENV_LOCAL_DIR = "FSDIST_LOCAL_DIR"
+#: This rank's node (machine) identity; by default the kernel's boot id and pid namespace.
+#: Tests and containers that share a kernel set it to behave as separate machines.
+ENV_NODE_ID = "FSDIST_NODE_ID"
+#: A rank that joins through a torch store checks that it sees the generation rank 0 created
+#: in the run directory; a shared filesystem shows it at once under the lock, so after this
+#: long the directory is declared not shared.
+SHARED_DIR_GRACE_SECONDS = 5.0
+#: A rank waiting for its peers in the directory says who it still waits for this often.
+RENDEZVOUS_NOTE_SECONDS = 30.0
+
 #: torch's own default for non-NCCL process groups.
 DEFAULT_TIMEOUT = timedelta(minutes=30)
 

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
+from .defaults import ENV_HEARTBEAT_TIMEOUT, ENV_NODE_ID, HEARTBEAT_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
 from .locked_record import Counter
 
-__all__ = ["Heartbeat", "Identity", "PeerWatch", "is_alive", "this_process"]
+__all__ = ["Heartbeat", "Identity", "PeerWatch", "is_alive", "node_id", "this_process"]
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,15 @@ def machine_id() -> str:
     except OSError:
         return hostname()
     return f"{boot_id}/{namespace}"
+
+
+def node_id() -> str:
+    """Which machine this rank counts as for placement: ``FSDIST_NODE_ID``, else ``machine_id()``.
+
+    Only placement decisions read it (may the job keep its files on this machine?); liveness
+    always uses the real machine id, so an override never makes a pid mean another process.
+    """
+    return os.environ.get(ENV_NODE_ID) or machine_id()
 
 
 def this_process() -> Identity:

@@ -16,28 +16,28 @@ The file holds JSON, never pickle: the directory is shared with other users.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
-import urllib.parse
-from collections.abc import Iterator
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from . import fs_guard
-from .defaults import DEFAULT_TIMEOUT, ENV_DIR
+from .defaults import DEFAULT_TIMEOUT, RENDEZVOUS_NOTE_SECONDS, SHARED_DIR_GRACE_SECONDS
 from .errors import RendezvousError
-from .fileio import make_private_dir, remove_tree
+from .fileio import make_private_dir, remove_tree, unlink_quietly
 from .liveness import Identity, is_alive, this_process
 from .locked_record import LockedRecord
-from .store import DirectoryStore
 from .waiting import Deadline, poll
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RENDEZVOUS_FILE", "Generation", "clean", "fsdist_rendezvous_handler", "rendezvous"]
+__all__ = ["RENDEZVOUS_FILE", "Generation", "claim", "clean", "confirm", "rendezvous", "withdraw"]
 
 RENDEZVOUS_FILE = "fsdist-rendezvous.json"
 _FORMAT = 1
@@ -53,8 +53,13 @@ class Generation:
     rank: int
     world_size: int
     members: list[Identity]
+    #: The root exists for this job alone (beside a FileStore's file, or node-local): the last
+    #: rank out removes it too.
+    owns_root: bool = False
     #: How many groups of each name this process has created (see ProcessGroupFsdist).
     incarnations: dict[str, int] = field(default_factory=dict)
+    #: Called once this rank has left (init methods release what they keep alive for torch).
+    on_leave: list[Callable[[], None]] = field(default_factory=list)
 
     def heartbeat_path(self, rank: int) -> str:
         return os.path.join(self.directory, f"heartbeat.r{rank}")
@@ -65,7 +70,7 @@ class Generation:
         Leaving is recorded in the rendezvous file itself, so a rank that starts the next job
         while its peers are still shutting down sees a job that is ending, not a live one.
         """
-        LIVE_STORES[:] = [s for s in LIVE_STORES if s.generation is not self]
+        emptied = False
 
         def mark(old: bytes) -> bytes | None:
             state = _parse(old)
@@ -73,12 +78,21 @@ class Generation:
                 return None  # already replaced (we were presumed dead): nothing of ours is left
             state["members"][str(self.rank)]["left"] = True
             if all(m.get("left") for m in state["members"].values()):
+                nonlocal emptied
+                emptied = True
                 remove_tree(self.directory)
                 return b""
             return json.dumps(state).encode()
 
         with LockedRecord(os.path.join(self.root, RENDEZVOUS_FILE)) as record:
             record.update(mark)
+        if emptied and self.owns_root:  # closed first: on NFS an open file would stay as .nfsXXXX
+            unlink_quietly(os.path.join(self.root, RENDEZVOUS_FILE))
+            with contextlib.suppress(OSError):
+                os.rmdir(self.root)
+        for callback in self.on_leave:
+            callback()
+        self.on_leave.clear()
 
 
 def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta = DEFAULT_TIMEOUT) -> Generation:
@@ -108,8 +122,19 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
             if any(m.get("refused") for m in members) and any(_staying(m) for m in members):
                 return None  # a member refused this filesystem: fail like it did (fs_guard)
             if my_slot() is not None:
+                if state.get("conflict"):
+                    raise RendezvousError(state["conflict"])
                 return None  # already a member: just watching the generation fill up
-            verdict = _judge(state, rank, world_size, me)
+            try:
+                verdict = _judge(state, rank, world_size, me)
+            except RendezvousError as exc:
+                if state.get("complete"):
+                    raise  # never disturb a running job
+                # two jobs, or ranks of one job that disagree, are forming here: the ranks
+                # already waiting would otherwise wait for the whole timeout; fail them too
+                state["conflict"] = _conflict(state, rank, world_size, me)
+                conflict.append(exc)
+                return json.dumps(state).encode()
             if verdict == "wait":
                 return None  # the previous job is shutting down: let it finish
             if verdict == "replace":
@@ -128,6 +153,8 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
                 record = LockedRecord(os.path.join(root, RENDEZVOUS_FILE))
             try:
                 record.update(join)
+                if conflict:
+                    raise conflict[0]
                 fs_guard.check_members(root, state.get("members", {}), warned)
             except RendezvousError as exc:
                 if "refusing to start" not in str(exc) and me["fs_hazard"]:  # the file itself was corrupted
@@ -135,8 +162,20 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
                 reason = str(exc)
                 record.update(lambda old: _mark_refused(old, me["nonce"], reason))
                 raise
-            return state if my_slot() is not None and state["complete"] else None
+            if my_slot() is not None and state["complete"]:
+                return state
+            if time.monotonic() >= next_note[0]:  # a rank that never shows up may use another directory
+                next_note[0] = time.monotonic() + RENDEZVOUS_NOTE_SECONDS
+                joined = sorted(int(r) for r in state.get("members", {}))
+                log.warning(
+                    "fsdist: rank %s waits in %s for %d of %d ranks (joined so far: %s); a rank that "
+                    "is running but never joins uses another directory (or another world size)",
+                    rank, root, world_size - len(joined), world_size, joined,
+                )  # fmt: skip
+            return None
 
+        next_note = [time.monotonic() + RENDEZVOUS_NOTE_SECONDS]
+        conflict: list[RendezvousError] = []
         deadline = Deadline(timeout.total_seconds())
         final = poll(
             formed,
@@ -157,6 +196,105 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
     directory = os.path.join(root, f"gen-{final['generation']}")
     log.debug("rank %d joined generation %s in %s", rank, final["generation"], root)
     return Generation(root, final["generation"], directory, rank, world_size, members)
+
+
+def claim(root: str, members: list[dict[str, Any]], timeout: timedelta, owns_root: bool = False) -> Generation:
+    """Record a fresh, complete generation of ``members`` (already agreed elsewhere) in ``root``.
+
+    Rank 0 of a job that met through a torch store calls this: the store decided who the
+    members are, so nobody joins here; the directory only has to hold no other live job.
+    Returns rank 0's view of the generation.
+    """
+    root = os.path.realpath(root)
+    make_private_dir(root)
+    world_size = len(members)
+    state: dict[str, Any] = {}
+    conflict: list[RendezvousError] = []
+
+    def take(old: bytes) -> bytes | None:
+        nonlocal state
+        previous = _parse(old)
+        try:
+            verdict = _judge_previous(previous, world_size) if previous else "replace"
+        except RendezvousError as exc:
+            if previous.get("complete"):
+                raise  # never disturb a running job
+            previous["conflict"] = _conflict(previous, 0, world_size, members[0])  # fail its ranks too
+            conflict.append(exc)
+            return json.dumps(previous).encode()
+        if verdict != "replace":
+            return None  # the previous job is leaving: wait for its last member
+        state = _new_generation(root, world_size, previous)
+        state["members"] = {str(r): m for r, m in enumerate(members)}
+        state["complete"] = True
+        return json.dumps(state).encode()
+
+    def taken() -> bool | None:
+        record.update(take)
+        if conflict:
+            raise conflict[0]
+        return True if state else None
+
+    with LockedRecord(os.path.join(root, RENDEZVOUS_FILE)) as record:
+        poll(
+            taken,
+            Deadline(timeout.total_seconds()),
+            lambda: RendezvousError(f"the previous job in {root} did not finish leaving within {timeout}"),
+        )
+    generation = state["generation"]
+    identities = [Identity.from_json(m) for m in members]
+    directory = os.path.join(root, f"gen-{generation}")
+    return Generation(root, generation, directory, 0, world_size, identities, owns_root=owns_root)
+
+
+def confirm(
+    root: str, generation_id: str, rank: int, nonce: str, grace: float = SHARED_DIR_GRACE_SECONDS
+) -> Generation:
+    """Find in ``root`` the generation rank 0 claimed, with this rank (``nonce``) in slot ``rank``.
+
+    Seeing it proves that this rank's ``root`` is rank 0's directory: a record read under the
+    lock is coherent across clients, so it shows up at once; ``grace`` covers slow servers.
+    """
+    root = os.path.realpath(root)
+    path = os.path.join(root, RENDEZVOUS_FILE)
+    end = time.monotonic() + grace
+    seen = "no such file"
+    while True:
+        try:
+            with LockedRecord(path, create=False) as record:
+                state = _parse(record.read())
+            member = state.get("members", {}).get(str(rank), {})
+            if state.get("generation") == generation_id and member.get("nonce") == nonce:
+                identities = [Identity.from_json(state["members"][str(r)]) for r in range(state["world_size"])]
+                directory = os.path.join(root, f"gen-{generation_id}")
+                return Generation(root, generation_id, directory, rank, state["world_size"], identities)
+            seen = f"generation {state.get('generation')}" if state else "an empty record"
+        except FileNotFoundError:
+            seen = "no such file"
+        if time.monotonic() >= end:
+            raise RendezvousError(
+                f"rank {rank}: {path} shows {seen}, not generation {generation_id} that rank 0 recorded in "
+                f"its run directory {grace:.0f} s ago: this rank's directory is not the one rank 0 uses. "
+                "Point every rank at one directory on a filesystem they all mount (FSDIST_DIR)"
+            )
+        time.sleep(0.05)
+
+
+def withdraw(generation: Generation) -> None:
+    """Undo ``claim`` after the job failed to form: its members never start, so they all leave."""
+
+    def drop(old: bytes) -> bytes | None:
+        if _parse(old).get("generation") != generation.generation_id:
+            return None
+        remove_tree(generation.directory)
+        return b""
+
+    with LockedRecord(os.path.join(generation.root, RENDEZVOUS_FILE)) as record:
+        record.update(drop)
+    if generation.owns_root:
+        unlink_quietly(os.path.join(generation.root, RENDEZVOUS_FILE))
+        with contextlib.suppress(OSError):
+            os.rmdir(generation.root)
 
 
 def clean(root: str, force: bool = False) -> list[str]:
@@ -226,17 +364,45 @@ def _judge(state: dict[str, Any], rank: int | None, world_size: int, me: dict[st
     holder = members.get(rank) if rank is not None else None
     if not state["complete"] and state["world_size"] == world_size and (holder is None or not _staying(holder)):
         return "join"  # a free slot, or one whose holder died while the job was forming
+    return _judge_previous(state, world_size)
+
+
+def _judge_previous(state: dict[str, Any], world_size: int) -> str:
+    """A recorded generation this rank cannot join: "replace" it (over), "wait" (leaving), or
+    raise RendezvousError (a live job)."""
+    members = {int(r): m for r, m in state["members"].items()}
     staying = {r: m for r, m in members.items() if _staying(m)}
     if not staying:
         return "replace"  # every member left or died: the generation is over
     if any(m.get("left") for m in members.values()):
         return "wait"  # a job that is shutting down: its last members are leaving
     r, m = next(iter(staying.items()))
+    if not state["complete"] and state["world_size"] != world_size:
+        raise RendezvousError(
+            f"a job of world size {state['world_size']} is forming in this directory (generation "
+            f"{state['generation']}; rank {r} is pid {m['pid']} on {m['host']}), but this rank was started "
+            f"with world size {world_size}: the ranks disagree on the world size, or two jobs use this directory"
+        )
     why = "is running" if state["complete"] else "is forming"
     raise RendezvousError(
         f"another job {why} in this directory (generation {state['generation']}, world size "
         f"{state['world_size']}; rank {r} is pid {m['pid']} on {m['host']}). Use another directory, "
         "or stop that job"
+    )
+
+
+def _conflict(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
+    """What the ranks already waiting in a forming generation are told when another joins badly."""
+    who = f"rank {rank}" if rank is not None else "a rank"
+    why = (
+        f"with world size {world_size}, but this generation has world size {state['world_size']}: "
+        "the ranks disagree on the world size, or two jobs use this directory"
+        if state["world_size"] != world_size
+        else "to a slot a live process already holds: two jobs use this directory"
+    )
+    return (
+        f"{who} (pid {me['pid']} on {me['host']}) tried to join generation {state['generation']} "
+        f"{why}. Give every rank of a job the same world size, and each job its own directory"
     )
 
 
@@ -256,49 +422,3 @@ def _new_generation(root: str, world_size: int, previous: dict[str, Any]) -> dic
         log.warning("fsdist: replacing dead generation %s in %s", previous.get("generation"), root)
     make_private_dir(os.path.join(root, f"gen-{generation}"))
     return {"format": _FORMAT, "generation": generation, "world_size": world_size, "members": {}, "complete": False}
-
-
-def open_store(generation: Generation, timeout: timedelta) -> DirectoryStore:
-    """The key-value store of ``generation``, carrying the generation for the backend to find."""
-    store = DirectoryStore(os.path.join(generation.directory, "store"), timeout)
-    store.generation = generation
-    return store
-
-
-def parse_url(url: str) -> tuple[str, int, int]:
-    """``fsdist:///dir?rank=R&world_size=W`` (or env fallbacks) → (dir, rank, world size)."""
-    parsed = urllib.parse.urlparse(url)
-    query = dict(urllib.parse.parse_qsl(parsed.query))
-    root = (parsed.netloc + parsed.path) or os.environ.get(ENV_DIR, "")
-    if not root:
-        raise RendezvousError(f"no directory in {url!r}: use fsdist:///path/to/dir or set {ENV_DIR}")
-    rank = _first_int(query.get("rank"), os.environ.get("RANK"), os.environ.get("SLURM_PROCID"), what="rank")
-    world = _first_int(
-        query.get("world_size"), os.environ.get("WORLD_SIZE"), os.environ.get("SLURM_NTASKS"), what="world size"
-    )
-    return os.path.abspath(root), rank, world
-
-
-def _first_int(*candidates: str | None, what: str) -> int:
-    for value in candidates:
-        if value not in (None, ""):
-            return int(value)
-    raise RendezvousError(
-        f"fsdist rendezvous needs the {what}: pass it to init_process_group, or set RANK/WORLD_SIZE "
-        "(SLURM_PROCID/SLURM_NTASKS under SLURM)"
-    )
-
-
-def fsdist_rendezvous_handler(url: str, timeout: timedelta = DEFAULT_TIMEOUT, **_: Any) -> Iterator[Any]:
-    """torch's rendezvous-handler protocol for ``init_method="fsdist://..."``."""
-    root, rank, world_size = parse_url(url)
-    generation = rendezvous(root, rank, world_size, timeout)
-    store = open_store(generation, timeout)
-    # c10d keeps only the C++ half of a Python store alive: hold the Python half until the
-    # world group shuts down (Generation.leave), or its methods vanish under torch.
-    LIVE_STORES.append(store)
-    yield (store, rank, world_size)
-    raise RuntimeError("fsdist rendezvous handler cannot be re-used")
-
-
-LIVE_STORES: list[DirectoryStore] = []

@@ -21,7 +21,8 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from .defaults import ENV_DIR
-from .rendezvous import Generation, open_store, rendezvous
+from .init_methods import open_store
+from .rendezvous import Generation, rendezvous
 
 
 class FsdistRendezvousHandler(RendezvousHandler):

@@ -47,3 +47,34 @@ def crash_mid_collective(directory: str, rank: int, world: int) -> None:
         os._exit(3)
     dist.all_reduce(torch.ones(10))  # the others wait for rank 0, then fail
     os._exit(3)
+
+
+def subgroup_of_the_ends() -> list[str]:
+    """A subgroup of the last and the first rank (unsorted), and a rank-order check inside it."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ends = dist.new_group(sorted({world - 1, 0}, reverse=True))
+    failures = []
+    if rank in (0, world - 1):
+        t = torch.tensor([float(rank + 1)])
+        dist.all_reduce(t, group=ends)
+        expected = 1.0 + (world if world > 1 else 0)
+        if t.item() != expected:
+            failures.append(f"ends all_reduce: got {t.item()}, expected {expected}")
+        b = torch.tensor([float(rank)])
+        dist.broadcast(b, group_src=dist.get_group_rank(ends, world - 1), group=ends)
+        if b.item() != world - 1:
+            failures.append(f"ends broadcast: got {b.item()}, expected {world - 1}")
+    dist.barrier()
+    dist.destroy_process_group(ends)
+    return failures
+
+
+def what_the_group_is() -> dict[str, object]:
+    """The backend, rank and size torch reports, and where the job keeps its files."""
+    pg = dist.distributed_c10d._get_default_group()
+    return {
+        "backend": dist.get_backend(),
+        "rank": dist.get_rank(),
+        "size": dist.get_world_size(),
+        "root": pg._generation.root,
+    }

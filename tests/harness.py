@@ -45,11 +45,16 @@ class RankPool:
         group_timeout: float = GROUP_TIMEOUT,
         mount_tmpfs_size: str | None = None,
         directories: list[str] | None = None,
+        init_method: str = "fsdist",
     ) -> None:
         """``mount_tmpfs_size`` (root only): run in a tmpfs of that size, to test a full disk.
         ``directories``: each rank's path to the (existing) run directory, e.g. the same folder
-        through two mounts ("two nodes"); the first is the one checked and removed at the end."""
+        through two mounts ("two nodes"); the first is the one checked and removed at the end.
+        ``init_method``: how the ranks form the group, one of INIT_METHODS."""
+        if init_method not in INIT_METHODS:
+            raise ValueError(f"init_method {init_method!r}: expected one of {sorted(INIT_METHODS)}")
         self.world_size = world_size
+        self.init_method = init_method
         paths = directories or [tempfile.mkdtemp(prefix=f"fsdist-test-w{world_size}-")] * world_size
         self.directory = paths[0]
         self._mounted = False
@@ -59,6 +64,7 @@ class RankPool:
                 check=True,
             )
             self._mounted = True
+        port = _free_port() if init_method == "tcp" else 0
         ctx = mp.get_context("spawn")
         self._conns = []
         self.processes = []
@@ -66,7 +72,7 @@ class RankPool:
             parent, child = ctx.Pipe()
             proc = ctx.Process(
                 target=_rank_main,
-                args=(rank, world_size, paths[rank], child, init, env or {}, group_timeout),
+                args=(rank, world_size, paths[rank], child, init and init_method, env or {}, group_timeout, port),
                 daemon=True,
             )
             proc.start()
@@ -127,22 +133,26 @@ class RankPool:
             raise RankError(f"{what} raised in rank(s) {sorted(errors)}:\n{text}")
         return results
 
-    def close(self) -> None:
-        """Destroy the process group in every rank, join them, and check nothing was left."""
+    def close(self) -> list[str]:
+        """Destroy the process group in every rank, join them, and check nothing was left.
+
+        Returns what the directory held afterwards (before it is removed)."""
         if self.broken:
             self.kill()
-            return
+            return []
         for conn in self._conns:
             conn.send(("exit", "", (), CASE_TIMEOUT))
         try:
             self._collect("shutdown", CASE_TIMEOUT)
             for proc in self.processes:
                 proc.join(10)
-            leftovers = [n for n in os.listdir(self.directory) if n != "fsdist-rendezvous.json"]
+            remaining = sorted(os.listdir(self.directory))
         finally:
             self.kill()
+        leftovers = [n for n in remaining if n != "fsdist-rendezvous.json"]
         if leftovers:
             raise AssertionError(f"destroy_process_group left files behind: {leftovers}")
+        return remaining
 
     def kill(self, dump: bool = False) -> None:
         """Stop every rank now (after asking for a stack dump when ``dump``); remove the directory."""
@@ -164,27 +174,62 @@ class RankPool:
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
+#: How a pool's ranks may form their group: each is a way users start fsdist jobs.
+INIT_METHODS = {
+    "fsdist": "init_method='fsdist://DIR'",
+    "file": "init_method='file://DIR/initfile' (torch's FileStore; files beside it)",
+    "env": "no init_method (env://) with FSDIST_DIR, RANK and WORLD_SIZE set, as under `fsdist run`",
+    "tcp": "no init_method (env://) with MASTER_ADDR/MASTER_PORT: torch's TCPStore, files node-local",
+    "store": "store= a user's FileStore (a HashStore for one rank)",
+}
+
+
+def _free_port() -> int:
+    import socket  # the test's own TCPStore route; fsdist itself never opens a socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def init_group(method: str, rank: int, world_size: int, directory: str, timeout: float, port: int = 0) -> None:
+    """Form the world group in this rank the way ``method`` (see INIT_METHODS) does."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    import fsdist  # noqa: F401 - registers the backend
+
+    kwargs: dict[str, Any] = {"rank": rank, "world_size": world_size, "timeout": timedelta(seconds=timeout)}
+    os.environ["FSDIST_LOCAL_DIR"] = directory  # node-local run directories stay inside the test's
+    if method == "fsdist":
+        dist.init_process_group("fsdist", init_method=f"fsdist://{directory}", **kwargs)
+    elif method == "file":
+        dist.init_process_group("fsdist", init_method=f"file://{directory}/initfile", **kwargs)
+    elif method in ("env", "tcp"):
+        for name in ("MASTER_ADDR", "MASTER_PORT", "FSDIST_DIR"):
+            os.environ.pop(name, None)
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
+        if method == "env":
+            os.environ["FSDIST_DIR"] = directory
+        else:
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("fsdist", timeout=kwargs["timeout"])
+    else:
+        store = dist.HashStore() if world_size == 1 else dist.FileStore(f"{directory}/storefile", world_size)
+        dist.init_process_group("fsdist", store=store, **kwargs)
+
+
 def _rank_main(
-    rank: int, world_size: int, directory: str, conn: Any, init: bool, env: dict[str, str], group_timeout: float
-) -> None:
+    rank: int, world_size: int, directory: str, conn: Any, init: str | bool, env: dict[str, str],
+    group_timeout: float, port: int,
+) -> None:  # fmt: skip
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     os.environ.update(env)
     os.environ["FSDIST_TEST_DIR"] = directory
     try:
         if init:
-            from datetime import timedelta
-
-            import torch.distributed as dist
-
-            import fsdist  # noqa: F401 - registers the backend
-
-            dist.init_process_group(
-                "fsdist",
-                init_method=f"fsdist://{directory}",
-                rank=rank,
-                world_size=world_size,
-                timeout=timedelta(seconds=group_timeout),
-            )
+            init_group(str(init), rank, world_size, directory, group_timeout, port)
         conn.send(("ok", None))
     except BaseException:  # noqa: BLE001 - every error goes back to the parent
         conn.send(("error", traceback.format_exc()))
@@ -217,14 +262,14 @@ class Pools:
     """Session-wide cache of one live pool per world size; broken pools are replaced."""
 
     def __init__(self) -> None:
-        self._pools: dict[int, RankPool] = {}
+        self._pools: dict[tuple[int, str], RankPool] = {}
 
-    def get(self, world_size: int) -> RankPool:
-        pool = self._pools.get(world_size)
+    def get(self, world_size: int, init_method: str = "fsdist") -> RankPool:
+        pool = self._pools.get((world_size, init_method))
         if pool is None or pool.broken:
             if pool is not None:
                 pool.close()  # a broken pool: kill what is left and remove its directory
-            pool = self._pools[world_size] = RankPool(world_size)
+            pool = self._pools[world_size, init_method] = RankPool(world_size, init_method=init_method)
         return pool
 
     def close_all(self) -> None:

@@ -9,7 +9,8 @@ from datetime import timedelta
 import pytest
 
 from fsdist.errors import RendezvousError
-from fsdist.rendezvous import RENDEZVOUS_FILE, parse_url, rendezvous
+from fsdist.init_methods import parse_url
+from fsdist.rendezvous import RENDEZVOUS_FILE, rendezvous
 
 import cases_init as cases
 from harness import RankPool

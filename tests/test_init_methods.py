@@ -1,0 +1,85 @@
+"""Every way torch forms a group works with fsdist: file://, default env:// under `fsdist run`,
+env:// with torch's TCPStore, and a user's store= — at world sizes 1–4, with the collective
+matrix's representative ops and subgroups. (fsdist:// itself is what every other test uses.)
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import cases_collectives as collectives
+import cases_groups as groups
+import cases_init
+import cases_p2p as p2p
+from harness import INIT_METHODS, RankPool
+
+ROUTES = [m for m in INIT_METHODS if m != "fsdist"]
+WORLDS = [1, 2, 3, 4]
+CASES = {
+    "all_reduce SUM float32": (collectives.all_reduce, "SUM", "float32"),
+    "all_reduce MAX int64": (collectives.all_reduce, "MAX", "int64"),
+    "reduce_scatter AVG float64": (collectives.reduce_scatter, "AVG", "float64"),
+    "broadcast bfloat16": (collectives.broadcast, "bfloat16"),
+    "all_gather int32": (collectives.all_gather, "int32"),
+    "all_to_all float32": (collectives.all_to_all, "float32"),
+    "barrier and async order": (collectives.barrier_and_ordering,),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("route", ROUTES)
+def test_collectives(pools, route: str, world: int, case: str) -> None:
+    function, *args = CASES[case]
+    results = pools.get(world, route).run(function, *args)
+    failures = [f"rank {rank}: {f}" for rank, res in enumerate(results) for f in res["failures"]]
+    assert not failures, "\n".join(failures[:40])
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("route", ROUTES)
+def test_p2p_and_subgroups(pools, route: str, world: int) -> None:
+    pool = pools.get(world, route)
+    failures = pool.run(cases_init.subgroup_of_the_ends)
+    if world > 1:
+        failures += pool.run(p2p.ring_every_dtype_and_shape)
+    if world == 4:
+        failures += pool.run(groups.subgroups)
+    assert not [f for f in failures if f], failures
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_the_group_is_fsdist_and_says_where_its_files_are(pools, route: str) -> None:
+    pool = pools.get(2, route)
+    seen = pool.run(cases_init.what_the_group_is)
+    assert [s["backend"] for s in seen] == ["fsdist"] * 2
+    assert [(s["rank"], s["size"]) for s in seen] == [(0, 2), (1, 2)]
+    roots = {s["root"] for s in seen}
+    assert len(roots) == 1
+    root = roots.pop()
+    expected = {
+        "file": os.path.realpath(f"{pool.directory}/initfile") + ".fsdist",  # beside torch's file
+        "env": os.path.realpath(pool.directory),  # FSDIST_DIR itself
+        "store": os.path.realpath(f"{pool.directory}/storefile") + ".fsdist",
+    }
+    if route == "tcp":  # node-local: a fresh folder in FSDIST_LOCAL_DIR (the test points it here)
+        assert os.path.dirname(root) == os.path.realpath(pool.directory), root
+        assert os.path.basename(root).startswith(f"fsdist-{os.getuid()}-"), root
+    else:
+        assert root == expected[route]
+
+
+@pytest.mark.parametrize("route", ROUTES)
+def test_destroy_leaves_only_what_each_route_documents(route: str) -> None:
+    pool = RankPool(3, init_method=route)
+    directory = pool.directory
+    pool.run(collectives.barrier_and_ordering)
+    remaining = pool.close()  # raises if anything but the rendezvous file is left
+    # fsdist's own rendezvous file stays in a run directory users name (FSDIST_DIR, fsdist://:
+    # deleting a lock file others may be about to lock is unsafe); a directory fsdist made for
+    # the job alone (beside torch's file, or node-local) goes entirely, and torch's FileStore
+    # removes its own file when its last user closes it
+    assert remaining == (["fsdist-rendezvous.json"] if route == "env" else []), remaining
+    assert not os.path.exists(directory)
