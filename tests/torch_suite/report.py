@@ -29,12 +29,17 @@ class Outcome:
 
 
 def short_reason(text: str) -> str:
-    """The first rank's exception line (torch reports 'Process N exited ... exception: <traceback>')."""
-    lines = [line.strip() for line in text.splitlines()]
-    sections = [i for i, line in enumerate(lines) if re.match(r"^(RuntimeError: )?Process \d+ exited with", line)]
-    if sections:
-        end = sections[1] if len(sections) > 1 else len(lines)
-        candidates = [line for line in lines[sections[0] + 1 : end] if _EXCEPTION_LINE.match(line)]
+    """The first failing rank's exception (torch reports 'Process N exited ... exception: <traceback>')."""
+    # pytest prefixes the exception's lines with "E   "
+    lines = [re.sub(r"^E\s+", "", line).strip() for line in text.splitlines()]
+    starts = [i for i, line in enumerate(lines) if re.match(r"^(RuntimeError: )?Process \d+ exited with", line)]
+    if starts:
+        section = lines[starts[0] + 1 :]
+        for i, line in enumerate(section):
+            if re.match(r"^(RuntimeError: )?Process \d+ exited with", line) or line.startswith("To execute this test"):
+                section = section[:i]
+                break
+        candidates = [line for line in section if _EXCEPTION_LINE.match(line)]
         if candidates:
             return _clip(candidates[-1])
     timed_out = [line for line in lines if "terminated or timed out" in line]
@@ -63,9 +68,7 @@ def read(path: str) -> tuple[dict[str, Outcome], float]:
                 failure = case.find("error")
             skipped = case.find("skipped")
             if failure is not None:
-                outcomes[name] = Outcome(
-                    "FAIL", short_reason((failure.get("message") or "") + "\n" + (failure.text or ""))
-                )
+                outcomes[name] = Outcome("FAIL", short_reason(failure.text or failure.get("message") or ""))
             elif skipped is not None:
                 outcomes[name] = Outcome("skip", _clip(skipped.get("message") or "", 90))
             else:

@@ -32,6 +32,7 @@ for the duration of each test, so the rest of the pytest session never sees them
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import torch
@@ -101,6 +102,7 @@ class TestDistBackendWithSpawn(distributed_test.TestDistBackend, distributed_tes
 
     def tearDown(self) -> None:
         processes = list(self.processes)
+        leftover = ""
         try:
             super().tearDown()  # removes TEMP_DIR, terminates the ranks
             for proc in processes:
@@ -109,8 +111,19 @@ class TestDistBackendWithSpawn(distributed_test.TestDistBackend, distributed_tes
                     proc.kill()
                     proc.join(10)
         finally:
-            # MultiProcessTestCase makes the file:// init file with delete=False and never removes it
-            if getattr(self, "file_name", None) and os.path.exists(self.file_name):
-                os.unlink(self.file_name)
+            file_name = getattr(self, "file_name", None)
+            if file_name:
+                # MultiProcessTestCase makes the file:// init file with delete=False and never
+                # removes it; fsdist's run directory for a file:// job sits beside it, and stays
+                # when a rank exits without destroy_process_group (torch's skips exit that way)
+                if os.path.exists(file_name):
+                    os.unlink(file_name)
+                run_directory = file_name + ".fsdist"
+                if os.path.exists(run_directory):
+                    leftover = run_directory
+                    shutil.rmtree(run_directory, ignore_errors=True)
             os.environ.clear()
             os.environ.update(self._saved_environ)
+        # every rank destroyed its group and exited 0: then fsdist must have removed its run directory
+        if leftover and processes and all(proc.exitcode == 0 for proc in processes):
+            raise AssertionError(f"fsdist left its run directory {leftover} after a clean destroy_process_group")
