@@ -1,5 +1,5 @@
 # Everyday commands. `make demo` and `make test` are the README's two commands.
-.PHONY: demo test test-torch test-gluster test-nfs lint examples docs bench clean
+.PHONY: demo test test-torch test-frameworks test-gluster test-nfs lint examples docs bench clean
 
 demo:
 	scripts/demo.sh
@@ -12,6 +12,11 @@ test:
 # torch-suite-results/; docs/torch-suite.md.
 test-torch:
 	scripts/test-torch.sh
+
+# Lightning, accelerate and the transformers Trainer on fsdist, compared bit for bit with Gloo
+# (tests/frameworks; installs the `frameworks` extra: see docs/frameworks.md for the times)
+test-frameworks:
+	FSDIST_EXTRAS=test,frameworks FSDIST_FRAMEWORKS=1 scripts/test.sh frameworks
 
 # GlusterFS from scratch, ranks split across two mounts (root; ~2 min). Also part of `make test`.
 test-gluster:

@@ -2,7 +2,8 @@
 
     python -m fsdist run --nproc-per-node 4 --dir /shared/run examples/train_ddp.py --steps 50
 
-The launcher sets RANK, WORLD_SIZE and FSDIST_DIR; ``init_method="fsdist://"`` reads them.
+The launcher sets RANK, WORLD_SIZE and FSDIST_DIR; torch's default init (env://) then meets
+through that directory, so the script needs nothing fsdist-specific but the backend string.
 Data is generated (a noisy sine), each rank drawing its own batches.
 """
 
@@ -15,8 +16,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-import fsdist  # noqa: F401 - registers the backend (autoload does too, once installed)
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -24,7 +23,7 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--fail-at-step", type=int, default=-1, help="rank 1 raises there (to try failure reports)")
     args = parser.parse_args()
-    dist.init_process_group("fsdist", init_method="fsdist://")
+    dist.init_process_group("fsdist")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = DistributedDataParallel(

@@ -19,8 +19,6 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.fsdp import fully_shard
 
-import fsdist  # noqa: F401 - registers the backend (autoload does too, once installed)
-
 
 def sharded_model() -> torch.nn.Module:
     torch.manual_seed(0)  # every rank starts from the same weights, then keeps only its shard
@@ -39,7 +37,7 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--checkpoint", help="a directory on the shared filesystem for the sharded checkpoint")
     args = parser.parse_args()
-    dist.init_process_group("fsdist", init_method="fsdist://")
+    dist.init_process_group("fsdist")  # env://, served through the launcher's FSDIST_DIR
     rank, world = dist.get_rank(), dist.get_world_size()
     model = sharded_model()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)

@@ -34,7 +34,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             module = importlib.import_module(f".{module_name}", __package__)
             parser = argparse.ArgumentParser(prog=f"fsdist {name}", description=help_text)
             module.add_arguments(parser)
-            return int(module.run(parser.parse_args(argv[len(words) :])))
+            parse = getattr(
+                module, "parse_args", lambda parser, argv: parser.parse_args(argv)
+            )  # a command may check more
+            return int(module.run(parse(parser, argv[len(words) :])))
     parser = argparse.ArgumentParser(prog="fsdist", description="fsdist: torch.distributed over a shared directory")
     parser.add_argument("--version", action="version", version=f"fsdist {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -1,9 +1,10 @@
 """``python -m fsdist run``: a port-free torchrun. Spawns this node's ranks and watches them.
 
 Each node's launcher starts ``--nproc-per-node`` ranks with RANK, LOCAL_RANK, WORLD_SIZE,
-LOCAL_WORLD_SIZE and FSDIST_DIR set (so ``init_process_group("fsdist", init_method="fsdist://")``
-needs nothing else). Launchers of one job find each other through the shared directory alone:
-they form their own generation under ``DIR/.launch`` with fsdist's rendezvous. When a rank
+LOCAL_WORLD_SIZE and FSDIST_DIR set, so a script written for torchrun needs nothing else: its
+``init_process_group("fsdist")`` (torch's env://) meets through FSDIST_DIR (init_methods.py).
+Launchers of one job find each other through the shared directory alone: they form their own
+generation under ``DIR/.launch`` with fsdist's rendezvous. When a rank
 fails, its launcher records the failure (rank, exit code, the rank's traceback) in that
 generation's ``abort`` record, first writer wins; every launcher polls the record, stops its
 own ranks, prints the *first* failure and exits non-zero. No socket is opened anywhere.
@@ -48,6 +49,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ``fsdist run``'s arguments, naming an unknown option before the script as unknown.
+
+    argparse alone would take the unknown option's value as the script and every option after
+    it as the script's arguments, then complain that the real options are missing.
+    """
+    takes_value = {
+        option: action.nargs != 0
+        for action in parser._actions  # argparse's only list of its options
+        for option in action.option_strings
+    }
+    position = 0
+    while position < len(argv) and argv[position].startswith("-"):
+        option = argv[position].split("=", 1)[0]
+        if option not in takes_value:
+            parser.error(f"unknown option {option} (fsdist run's own options come before the script)")
+        position += 2 if takes_value[option] and "=" not in argv[position] else 1
+    return parser.parse_args(argv)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ The file holds JSON, never pickle: the directory is shared with other users.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -29,18 +30,26 @@ from typing import Any
 
 from . import fs_guard
 from .defaults import DEFAULT_TIMEOUT, RENDEZVOUS_NOTE_SECONDS, SHARED_DIR_GRACE_SECONDS
-from .errors import RendezvousError
+from .errors import FsdistError, RendezvousError
 from .fileio import make_private_dir, remove_tree, unlink_quietly
 from .liveness import Identity, is_alive, this_process
 from .locked_record import LockedRecord
+from .rendezvous_record import (
+    RENDEZVOUS_FILE,
+    conflict_message,
+    judge,
+    judge_previous,
+    mark_refused,
+    new_generation,
+    parse,
+    retire_own_stale_entries,
+    staying,
+)
 from .waiting import Deadline, poll
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RENDEZVOUS_FILE", "Generation", "claim", "clean", "confirm", "rendezvous", "withdraw"]
-
-RENDEZVOUS_FILE = "fsdist-rendezvous.json"
-_FORMAT = 1
+__all__ = ["Generation", "claim", "clean", "confirm", "rendezvous", "withdraw"]
 
 
 @dataclass
@@ -60,6 +69,18 @@ class Generation:
     incarnations: dict[str, int] = field(default_factory=dict)
     #: Called once this rank has left (init methods release what they keep alive for torch).
     on_leave: list[Callable[[], None]] = field(default_factory=list)
+    left: bool = False
+
+    def __post_init__(self) -> None:
+        # A group of another backend formed through fsdist's directory (env:// under `fsdist
+        # run` serves Gloo too) is destroyed without telling fsdist: leave at exit at the latest
+        atexit.register(self._leave_at_exit)
+
+    def _leave_at_exit(self) -> None:
+        try:
+            self.leave()
+        except (OSError, FsdistError) as exc:  # the directory may be gone already: best effort
+            log.debug("fsdist: could not leave generation %s at exit: %s", self.generation_id, exc)
 
     def heartbeat_path(self, rank: int) -> str:
         return os.path.join(self.directory, f"heartbeat.r{rank}")
@@ -69,11 +90,16 @@ class Generation:
 
         Leaving is recorded in the rendezvous file itself, so a rank that starts the next job
         while its peers are still shutting down sees a job that is ending, not a live one.
+        Leaving twice is leaving once.
         """
+        if self.left:
+            return
+        self.left = True
+        atexit.unregister(self._leave_at_exit)
         emptied = False
 
         def mark(old: bytes) -> bytes | None:
-            state = _parse(old)
+            state = parse(old)
             if state.get("generation") != self.generation_id:
                 return None  # already replaced (we were presumed dead): nothing of ours is left
             state["members"][str(self.rank)]["left"] = True
@@ -117,30 +143,31 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
 
         def join(old: bytes) -> bytes | None:
             nonlocal state
-            state = _parse(old)
+            state = parse(old)
+            retired = retire_own_stale_entries(state, me)
             members = state.get("members", {}).values()
-            if any(m.get("refused") for m in members) and any(_staying(m) for m in members):
+            if any(m.get("refused") for m in members) and any(staying(m) for m in members):
                 return None  # a member refused this filesystem: fail like it did (fs_guard)
             if my_slot() is not None:
                 if state.get("conflict"):
                     raise RendezvousError(state["conflict"])
                 return None  # already a member: just watching the generation fill up
             try:
-                verdict = _judge(state, rank, world_size, me)
+                verdict = judge(state, rank, world_size, me)
             except RendezvousError as exc:
                 if state.get("complete"):
                     raise  # never disturb a running job
                 # two jobs, or ranks of one job that disagree, are forming here: the ranks
                 # already waiting would otherwise wait for the whole timeout; fail them too
-                state["conflict"] = _conflict(state, rank, world_size, me)
+                state["conflict"] = conflict_message(state, rank, world_size, me)
                 conflict.append(exc)
                 return json.dumps(state).encode()
-            if verdict == "wait":
-                return None  # the previous job is shutting down: let it finish
+            if verdict == "wait":  # the previous job is shutting down: let it finish
+                return json.dumps(state).encode() if retired else None
             if verdict == "replace":
-                state = _new_generation(root, world_size, previous=state)
+                state = new_generation(root, world_size, previous=state)
             # members known dead can never take part: free their slots rather than count them
-            state["members"] = {r: m for r, m in state["members"].items() if _staying(m)}
+            state["members"] = {r: m for r, m in state["members"].items() if staying(m)}
             slot = rank if rank is not None else min(set(range(world_size)) - {int(r) for r in state["members"]})
             state["members"][str(slot)] = me
             state["complete"] = len(state["members"]) == world_size
@@ -160,7 +187,7 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
                 if "refusing to start" not in str(exc) and me["fs_hazard"]:  # the file itself was corrupted
                     raise fs_guard.corrupted(root, me["fs_hazard"], record.path, exc) from exc
                 reason = str(exc)
-                record.update(lambda old: _mark_refused(old, me["nonce"], reason))
+                record.update(lambda old: mark_refused(old, me["nonce"], reason))
                 raise
             if my_slot() is not None and state["complete"]:
                 return state
@@ -213,18 +240,18 @@ def claim(root: str, members: list[dict[str, Any]], timeout: timedelta, owns_roo
 
     def take(old: bytes) -> bytes | None:
         nonlocal state
-        previous = _parse(old)
+        previous = parse(old)
         try:
-            verdict = _judge_previous(previous, world_size) if previous else "replace"
+            verdict = judge_previous(previous, world_size) if previous else "replace"
         except RendezvousError as exc:
             if previous.get("complete"):
                 raise  # never disturb a running job
-            previous["conflict"] = _conflict(previous, 0, world_size, members[0])  # fail its ranks too
+            previous["conflict"] = conflict_message(previous, 0, world_size, members[0])  # fail its ranks too
             conflict.append(exc)
             return json.dumps(previous).encode()
         if verdict != "replace":
             return None  # the previous job is leaving: wait for its last member
-        state = _new_generation(root, world_size, previous)
+        state = new_generation(root, world_size, previous)
         state["members"] = {str(r): m for r, m in enumerate(members)}
         state["complete"] = True
         return json.dumps(state).encode()
@@ -262,7 +289,7 @@ def confirm(
     while True:
         try:
             with LockedRecord(path, create=False) as record:
-                state = _parse(record.read())
+                state = parse(record.read())
             member = state.get("members", {}).get(str(rank), {})
             if state.get("generation") == generation_id and member.get("nonce") == nonce:
                 identities = [Identity.from_json(state["members"][str(r)]) for r in range(state["world_size"])]
@@ -284,7 +311,7 @@ def withdraw(generation: Generation) -> None:
     """Undo ``claim`` after the job failed to form: its members never start, so they all leave."""
 
     def drop(old: bytes) -> bytes | None:
-        if _parse(old).get("generation") != generation.generation_id:
+        if parse(old).get("generation") != generation.generation_id:
             return None
         remove_tree(generation.directory)
         return b""
@@ -310,7 +337,7 @@ def clean(root: str, force: bool = False) -> list[str]:
     with LockedRecord(path) as record:
 
         def wipe(old: bytes) -> bytes:
-            state = _parse(old)
+            state = parse(old)
             for member in state.get("members", {}).values():
                 who = Identity.from_json(member)
                 alive = is_alive(who)
@@ -329,96 +356,3 @@ def clean(root: str, force: bool = False) -> list[str]:
 
         record.update(wipe)
     return removed
-
-
-def _mark_refused(old: bytes, nonce: str, reason: str) -> bytes | None:
-    """Record that this rank refused the generation, so its peers fail with the same reason."""
-    state = _parse(old)
-    mine = [m for m in state.get("members", {}).values() if m.get("nonce") == nonce]
-    if not mine:
-        return None
-    mine[0].update(left=True, refused=reason)
-    return json.dumps(state).encode()
-
-
-def _parse(raw: bytes) -> dict[str, Any]:
-    if not raw:
-        return {}
-    try:
-        state = json.loads(raw)
-    except ValueError as exc:
-        raise RendezvousError(f"the rendezvous file is not valid JSON (foreign or corrupt): {exc}") from exc
-    if not isinstance(state, dict) or state.get("format") != _FORMAT:
-        raise RendezvousError(f"the rendezvous file has an unknown format: {str(state)[:200]}")
-    return state
-
-
-def _judge(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
-    """Decide under the lock what to do with the recorded generation: "join", "replace" or "wait".
-
-    Raises RendezvousError for a second live job in the same directory.
-    """
-    if not state:
-        return "replace"
-    members = {int(r): m for r, m in state["members"].items()}
-    holder = members.get(rank) if rank is not None else None
-    if not state["complete"] and state["world_size"] == world_size and (holder is None or not _staying(holder)):
-        return "join"  # a free slot, or one whose holder died while the job was forming
-    return _judge_previous(state, world_size)
-
-
-def _judge_previous(state: dict[str, Any], world_size: int) -> str:
-    """A recorded generation this rank cannot join: "replace" it (over), "wait" (leaving), or
-    raise RendezvousError (a live job)."""
-    members = {int(r): m for r, m in state["members"].items()}
-    staying = {r: m for r, m in members.items() if _staying(m)}
-    if not staying:
-        return "replace"  # every member left or died: the generation is over
-    if any(m.get("left") for m in members.values()):
-        return "wait"  # a job that is shutting down: its last members are leaving
-    r, m = next(iter(staying.items()))
-    if not state["complete"] and state["world_size"] != world_size:
-        raise RendezvousError(
-            f"a job of world size {state['world_size']} is forming in this directory (generation "
-            f"{state['generation']}; rank {r} is pid {m['pid']} on {m['host']}), but this rank was started "
-            f"with world size {world_size}: the ranks disagree on the world size, or two jobs use this directory"
-        )
-    why = "is running" if state["complete"] else "is forming"
-    raise RendezvousError(
-        f"another job {why} in this directory (generation {state['generation']}, world size "
-        f"{state['world_size']}; rank {r} is pid {m['pid']} on {m['host']}). Use another directory, "
-        "or stop that job"
-    )
-
-
-def _conflict(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
-    """What the ranks already waiting in a forming generation are told when another joins badly."""
-    who = f"rank {rank}" if rank is not None else "a rank"
-    why = (
-        f"with world size {world_size}, but this generation has world size {state['world_size']}: "
-        "the ranks disagree on the world size, or two jobs use this directory"
-        if state["world_size"] != world_size
-        else "to a slot a live process already holds: two jobs use this directory"
-    )
-    return (
-        f"{who} (pid {me['pid']} on {me['host']}) tried to join generation {state['generation']} "
-        f"{why}. Give every rank of a job the same world size, and each job its own directory"
-    )
-
-
-def _staying(member: dict[str, Any]) -> bool:
-    """Not left, and not known to be dead. A process on another host cannot be checked from
-    here, so it counts as alive: never delete what a live job elsewhere may still be using."""
-    return not member.get("left") and is_alive(Identity.from_json(member)) is not False
-
-
-def _new_generation(root: str, world_size: int, previous: dict[str, Any]) -> dict[str, Any]:
-    """Start a fresh generation and delete what dead generations left in ``root``."""
-    generation = secrets.token_hex(8)
-    for name in os.listdir(root):
-        if name.startswith("gen-"):
-            remove_tree(os.path.join(root, name))
-    if previous:
-        log.warning("fsdist: replacing dead generation %s in %s", previous.get("generation"), root)
-    make_private_dir(os.path.join(root, f"gen-{generation}"))
-    return {"format": _FORMAT, "generation": generation, "world_size": world_size, "members": {}, "complete": False}

@@ -26,7 +26,7 @@ from .defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS
 from .fileio import open_file
 from .liveness import Identity, is_alive
 from .locked_record import _SHARED, _UNLOCK, _lock
-from .rendezvous import RENDEZVOUS_FILE
+from .rendezvous_record import RENDEZVOUS_FILE
 from .store import key_to_filename
 from .straggler import RankPosition, Straggler, find_straggler, holding_up, in_step_line, list_ranks
 from .transport import _DESC_OFFSET, _P2P_OFFSET, _STATE, _STATE_MAGIC, _STATE_VERSION, FLAG_CLOSED

@@ -28,11 +28,13 @@ for several inits in a row never shows one init's keys to the next):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import secrets
 import tempfile
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -41,12 +43,13 @@ import torch.distributed as dist
 
 from . import fs_guard
 from ._torch_compat import unwrap_store
-from .defaults import ENV_DIR, ENV_LOCAL_DIR
+from .defaults import ENV_DIR, ENV_LOCAL_DIR, SHARED_DIR_GRACE_SECONDS
 from .errors import RendezvousError
 from .fileio import make_private_dir, remove_tree
 from .liveness import Identity, is_alive, node_id, this_process
 from .locked_record import LockedRecord
-from .rendezvous import RENDEZVOUS_FILE, Generation, claim, confirm, withdraw
+from .rendezvous import Generation, claim, confirm, withdraw
+from .rendezvous_record import RENDEZVOUS_FILE
 from .store import DirectoryStore
 from .waiting import Deadline, poll
 
@@ -70,18 +73,20 @@ def join_through_store(
     """Form this job's generation with ``store`` as the meeting point (see the module docstring).
 
     ``subdir``: an fsdist group under another backend's world group gets a generation of its
-    own, in that folder of the run directory (removed when its last rank leaves).
+    own, in that folder of the run directory (beside it, for a folder fsdist made), removed
+    when its last rank leaves.
     """
     ex = _Exchange(store, rank, world_size, timeout)
     inner = unwrap_store(store)
     root, owns_root = _run_directory(inner)
-    if root and subdir:
-        root, owns_root = os.path.join(root, subdir), True
+    if root and subdir:  # inside a directory the user named; beside one fsdist made for the job
+        root, owns_root = (f"{root}.{subdir}" if owns_root else os.path.join(root, subdir)), True
     me = {
         "format": _FORMAT, "world_size": world_size, "root": root or "", "node": node_id(),
         **this_process().to_json(), "nonce": secrets.token_hex(8),
         **(fs_guard.describe_client(root) if root else {}),
     }  # fmt: skip
+    generation: Generation | None = None
     try:
         if root:
             fs_guard.refuse_known_multinode(root, me, world_size)
@@ -95,16 +100,14 @@ def join_through_store(
         else:
             generation = _confirm(ex, me["nonce"], root, owns_root)
             store.add(ex.confirmed_key, 1)
-    except Exception as exc:
-        ex.fail(str(exc) if str(exc).startswith("rank ") else f"rank {rank}: {exc}")
-        raise
-    try:
         ex.wait(
             "every rank to find the generation", lambda: int(store.add(ex.confirmed_key, 0)) >= world_size - 1 or None
         )
-    except RendezvousError:
-        if rank == 0:
+    except Exception as exc:
+        ex.fail(str(exc) if str(exc).startswith("rank ") else f"rank {rank}: {exc}")
+        if rank == 0 and generation is not None:
             withdraw(generation)
+        ex.linger()
         raise
     if subdir is None:
         _JOINED.append(generation)
@@ -124,6 +127,8 @@ class _Exchange:
         self.generation_key = prefix + "generation"
         self.confirmed_key = prefix + "confirmed"
         self.failed_key = prefix + "failed"
+        self.failed_seen_key = prefix + "failed-seen"
+        self._acknowledged = False
         self._member_prefix = prefix + "member/"
 
     def member_key(self, rank: int) -> str:
@@ -134,6 +139,7 @@ class _Exchange:
 
         def attempt() -> Any:
             if self.store.check([self.failed_key]):
+                self._acknowledge()
                 raise RendezvousError(self.store.get(self.failed_key).decode(errors="replace"))
             return done()
 
@@ -147,11 +153,27 @@ class _Exchange:
         )
 
     def fail(self, message: str) -> None:
-        """Tell every rank (first failure wins); the caller raises its own error anyway."""
+        """Tell every rank (the first failure wins) and count this rank as having seen it."""
         try:
             self.store.compare_set(self.failed_key, "", message)
-        except Exception:
+            self._acknowledge()
+        except Exception:  # the store itself may be what failed: the caller raises anyway
             log.debug("fsdist: could not publish the failure %r", message, exc_info=True)
+
+    def _acknowledge(self) -> None:
+        if not self._acknowledged:
+            self._acknowledged = True
+            self.store.add(self.failed_seen_key, 1)
+
+    def linger(self) -> None:
+        """Rank 0 (which serves a TCPStore) stays until every rank has read the failure, or for
+        SHARED_DIR_GRACE_SECONDS: leaving at once would take the store, and the reason, with it."""
+        if self.rank != 0:
+            return
+        end = time.monotonic() + SHARED_DIR_GRACE_SECONDS
+        with contextlib.suppress(Exception):
+            while int(self.store.add(self.failed_seen_key, 0)) < self.world_size and time.monotonic() < end:
+                time.sleep(0.01)
 
 
 def _run_directory(store: dist.Store) -> tuple[str | None, bool]:

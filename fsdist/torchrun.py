@@ -6,9 +6,10 @@
 The agents (one per node) form a generation under ``ENDPOINT/RUN_ID/agents`` with fsdist's own
 rendezvous, taking node ranks in arrival order, and share its DirectoryStore; torch's
 TCPStore is never started (``use_agent_store`` is False). The agents export
-``FSDIST_DIR=ENDPOINT/RUN_ID/workers``, so training scripts call
-``init_process_group("fsdist", init_method="fsdist://")``. Elastic ranges (min != max nodes) are
-not supported.
+``FSDIST_DIR=ENDPOINT/RUN_ID/workers``, so a script's plain ``init_process_group("fsdist")``
+(torch's env://) meets there (init_methods.py), as does ``init_method="fsdist://"``. The workers
+also get torch's ``MASTER_PORT=0``: no store is served, and torch's own env:// handler, if forced
+(FSDIST_ENV_INIT=torch), fails at once on it. Elastic ranges (min != max nodes) are not supported.
 """
 
 from __future__ import annotations

@@ -78,3 +78,54 @@ def what_the_group_is() -> dict[str, object]:
         "size": dist.get_world_size(),
         "root": pg._generation.root,
     }
+
+
+def init_and_report(method: str, rank: int, world: int, directory: str, env: dict[str, str], port: int = 0) -> dict:
+    """Try to form a group the way ``method`` does (harness.INIT_METHODS) after setting ``env``;
+    report how it ended and after how long (the test prints the times; it asserts on the error)."""
+    import time
+
+    from harness import init_group
+
+    os.environ.update(env)
+    start = time.monotonic()
+    try:
+        init_group(method, rank, world, directory, timeout=120, port=port)
+    except Exception as exc:  # noqa: BLE001 - the error is the result
+        return {"error": type(exc).__name__, "message": str(exc), "seconds": time.monotonic() - start}
+    dist.destroy_process_group()
+    return {"error": None, "message": "", "seconds": time.monotonic() - start}
+
+
+def fsdist_groups_under_a_gloo_world(directory: str, rank: int, world: int) -> list[float]:
+    """A Gloo world group (file://) with fsdist subgroups: each forms a generation of its own."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{directory}/initfile", rank=rank, world_size=world)
+    everyone = dist.new_group(backend="fsdist")
+    pair = dist.new_group([0, 1], backend="fsdist")
+    t = torch.ones(2) * (rank + 1)
+    dist.all_reduce(t, group=everyone)
+    u = torch.ones(1)
+    if rank in (0, 1):
+        dist.all_reduce(u, group=pair)
+    assert dist.get_backend(everyone) == "fsdist" and dist.get_backend() == "gloo"
+    dist.destroy_process_group()
+    return [t[0].item(), u.item()]
+
+
+def gloo_through_the_directory(directory: str, rank: int, world: int, rounds: int) -> list[float]:
+    """Gloo with torch's default env:// under `fsdist run` (FSDIST_DIR set): the group meets
+    through fsdist's directory. torch destroys it without telling fsdist, so a later init of the
+    same process, and its exit, must still leave the directory clean."""
+    import torch.distributed as dist
+
+    os.environ.update(FSDIST_DIR=directory, RANK=str(rank), WORLD_SIZE=str(world))
+    sums = []
+    for _ in range(rounds):
+        dist.init_process_group("gloo")
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        sums.append(t.item())
+        dist.destroy_process_group()
+    return sums

@@ -179,7 +179,8 @@ INIT_METHODS = {
     "fsdist": "init_method='fsdist://DIR'",
     "file": "init_method='file://DIR/initfile' (torch's FileStore; files beside it)",
     "env": "no init_method (env://) with FSDIST_DIR, RANK and WORLD_SIZE set, as under `fsdist run`",
-    "tcp": "no init_method (env://) with MASTER_ADDR/MASTER_PORT: torch's TCPStore, files node-local",
+    "tcp": "no init_method (env://) with MASTER_ADDR/MASTER_PORT: torch's TCPStore; files node-local "
+    "(or in FSDIST_DIR if the case sets it)",
     "store": "store= a user's FileStore (a HashStore for one rank)",
 }
 
@@ -206,14 +207,14 @@ def init_group(method: str, rank: int, world_size: int, directory: str, timeout:
         dist.init_process_group("fsdist", init_method=f"fsdist://{directory}", **kwargs)
     elif method == "file":
         dist.init_process_group("fsdist", init_method=f"file://{directory}/initfile", **kwargs)
-    elif method in ("env", "tcp"):
-        for name in ("MASTER_ADDR", "MASTER_PORT", "FSDIST_DIR"):
+    elif method == "env":
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
             os.environ.pop(name, None)
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), FSDIST_DIR=directory)
+        dist.init_process_group("fsdist", timeout=kwargs["timeout"])
+    elif method == "tcp":  # torch's own env:// (FSDIST_ENV_INIT=torch matters only if FSDIST_DIR is set)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), FSDIST_ENV_INIT="torch")
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size))
-        if method == "env":
-            os.environ["FSDIST_DIR"] = directory
-        else:
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("fsdist", timeout=kwargs["timeout"])
     else:
         store = dist.HashStore() if world_size == 1 else dist.FileStore(f"{directory}/storefile", world_size)

@@ -29,3 +29,30 @@ def test_a_two_word_command_wins_over_its_first_word(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["bench", "--help"])
     assert capsys.readouterr().out.startswith("usage: fsdist bench [-h]")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--max-restarts", "3", "--nproc-per-node", "4", "--dir", "D", "train.py"],  # as a user typed it
+        ["--nproc-per-node", "4", "--dir", "D", "--bogus=1", "train.py"],
+        ["--nproc-per-node=4", "--bogus", "--dir", "D", "train.py"],
+    ],
+)
+def test_run_names_an_unknown_option_before_the_script(capsys, argv) -> None:
+    with pytest.raises(SystemExit) as usage_exit:
+        main(["run", *argv])
+    assert usage_exit.value.code == 2
+    err = capsys.readouterr().err
+    unknown = next(a for a in argv if a.startswith(("--max", "--bogus"))).split("=")[0]
+    assert f"unknown option {unknown}" in err, err
+    assert "required" not in err, err
+
+
+def test_run_passes_options_after_the_script_to_the_script(tmp_path, monkeypatch) -> None:
+    from fsdist import launcher
+
+    seen = {}
+    monkeypatch.setattr(launcher, "run", lambda args: seen.setdefault("args", args) and 0)
+    assert main(["run", "--nproc-per-node", "1", "--dir", str(tmp_path), "train.py", "--bogus", "x"]) == 0
+    assert seen["args"].script == "train.py" and seen["args"].script_args == ["--bogus", "x"]

@@ -59,3 +59,48 @@ def test_mkdocs_nav_lists_every_page() -> None:
     nav = (REPO / "mkdocs.yml").read_text()
     for page in DOCS.glob("*.md"):
         assert f": {page.name}" in nav, f"docs/{page.name} is not in mkdocs.yml's nav"
+
+
+#: pages that make promises about behaviour: what they name must exist
+_PROMISES = ["errors.md", "limitations.md", "reliability.md", "reference.md", "init-methods.md"]
+
+
+def _package_sources() -> str:
+    return "\n".join(p.read_text() for p in Path(fsdist.__file__).parent.rglob("*.py"))
+
+
+def test_every_environment_variable_the_package_reads_is_in_the_reference() -> None:
+    reference = (DOCS / "reference.md").read_text()
+    read = set(re.findall(r"\b(FSDIST_[A-Z_]+)\b", _package_sources()))
+    missing = sorted(name for name in read if f"`{name}" not in reference)
+    assert not missing, f"read by fsdist but not in docs/reference.md's table: {missing}"
+
+
+def test_every_environment_variable_the_docs_name_exists() -> None:
+    docs = _all_docs() + (REPO / "README.md").read_text()
+    elsewhere = _package_sources() + "".join(
+        p.read_text() for p in [*REPO.glob("scripts/**/*.sh"), *REPO.glob("tests/*.py"), REPO / "Makefile"]
+    )
+    named = set(re.findall(r"\b(FSDIST_[A-Z_]+)\b", docs))
+    unknown = sorted(name for name in named if name not in elsewhere)
+    assert not unknown, f"docs name variables nothing reads: {unknown}"
+
+
+def test_every_error_class_the_docs_name_exists() -> None:
+    import builtins
+
+    import torch.distributed as dist
+
+    known = set(fsdist.errors.__all__) | {n for n in dir(builtins) if n.endswith("Error")}
+    known |= {n for n in dir(dist) if n.endswith("Error")}
+    for page in _PROMISES:
+        named = set(re.findall(r"\b([A-Z][A-Za-z]*Error)\b", (DOCS / page).read_text()))
+        unknown = sorted(named - known)
+        assert not unknown, f"docs/{page} names error classes that do not exist: {unknown}"
+
+
+def test_every_test_the_reliability_page_cites_exists() -> None:
+    tests = REPO / "tests"
+    for module, name in re.findall(r"`(test_\w+)\.py::(\w+)", (DOCS / "reliability.md").read_text()):
+        source = (tests / f"{module}.py").read_text()
+        assert f"def {name}" in source, f"docs/reliability.md cites {module}.py::{name}, which does not exist"

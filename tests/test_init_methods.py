@@ -83,3 +83,24 @@ def test_destroy_leaves_only_what_each_route_documents(route: str) -> None:
     # removes its own file when its last user closes it
     assert remaining == (["fsdist-rendezvous.json"] if route == "env" else []), remaining
     assert not os.path.exists(directory)
+
+
+def test_fsdist_subgroups_under_a_gloo_world(tmp_path) -> None:
+    pool = RankPool(3, init=False)
+    try:
+        results = pool.run_each(cases_init.fsdist_groups_under_a_gloo_world, [(str(tmp_path), r, 3) for r in range(3)])
+    finally:
+        pool.kill()
+    assert results == [[6.0, 2.0], [6.0, 2.0], [6.0, 1.0]]
+    leftovers = [n for n in os.listdir(tmp_path) if n != "initfile"]  # torch's FileStore file is Gloo's
+    assert not leftovers, leftovers
+
+
+def test_a_gloo_group_formed_through_the_directory_leaves_nothing_behind(tmp_path) -> None:
+    pool = RankPool(2, init=False)
+    try:
+        results = pool.run_each(cases_init.gloo_through_the_directory, [(str(tmp_path), r, 2, 2) for r in range(2)])
+    finally:
+        pool.close()  # the ranks exit normally: fsdist leaves the last generation at exit
+    assert results == [[2.0, 2.0]] * 2
+    assert os.listdir(tmp_path) == ["fsdist-rendezvous.json"], os.listdir(tmp_path)

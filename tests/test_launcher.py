@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_ddp.py")
+TORCHRUN_EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "torchrun_ddp.py")
 
 
 def _launch(directory: Path, *extra: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
@@ -26,13 +27,18 @@ def _netns_and_strace() -> bool:
 
 
 @pytest.mark.skipif(not _netns_and_strace(), reason="needs root for unshare -n, and strace")
-def test_four_ranks_train_in_a_network_namespace_and_open_no_inet_socket(tmp_path) -> None:
+@pytest.mark.parametrize("init", ["default env://", "file://"])
+def test_four_ranks_train_in_a_network_namespace_and_open_no_inet_socket(tmp_path, init: str) -> None:
     trace = tmp_path / "socket.trace"
     prefix = ("unshare", "-n", "strace", "-f", "--seccomp-bpf", "-e", "trace=socket", "-o", str(trace))
-    proc = _launch(tmp_path / "run", "--nproc-per-node", "4", EXAMPLE, "--steps", "20", prefix=prefix)
+    if init == "file://":  # torch's own port-free init; fsdist keeps its files beside torch's file
+        script = (TORCHRUN_EXAMPLE, "--init-method", f"file://{tmp_path}/initfile")
+    else:  # init_process_group("fsdist") alone: env://, served through the launcher's FSDIST_DIR
+        script = (EXAMPLE, "--steps", "20")
+    proc = _launch(tmp_path / "run", "--nproc-per-node", "4", *script, prefix=prefix)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, out + err
-    assert "step    20/20" in out, out
+    assert "step    20/20" in out or out.count("backend fsdist params") == 4, out
     calls = trace.read_text().splitlines()
     inet = [line for line in calls if "AF_INET" in line]  # AF_INET and AF_INET6
     assert not inet, f"{len(inet)} internet sockets opened, e.g. {inet[:3]}"

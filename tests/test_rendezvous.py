@@ -10,7 +10,8 @@ import pytest
 
 from fsdist.errors import RendezvousError
 from fsdist.init_methods import parse_url
-from fsdist.rendezvous import RENDEZVOUS_FILE, rendezvous
+from fsdist.rendezvous import rendezvous
+from fsdist.rendezvous_record import RENDEZVOUS_FILE
 
 import cases_init as cases
 from harness import RankPool

@@ -29,10 +29,11 @@ def need_ranks(world: int, least: int, name: str) -> None:
 
 
 def main(run: Callable[[int, int], None]) -> None:
-    """Join the job (``fsdist run`` sets RANK, WORLD_SIZE and FSDIST_DIR), run, leave."""
-    import fsdist  # noqa: F401 - registers the backend (after `pip install`, `import torch` does too)
+    """Join the job (``fsdist run`` sets RANK, WORLD_SIZE and FSDIST_DIR), run, leave.
 
-    dist.init_process_group("fsdist", init_method="fsdist://")
+    torch's default init (env://) meets through FSDIST_DIR; installing fsdist registers the
+    backend when torch is imported, so nothing here is fsdist's but the backend string."""
+    dist.init_process_group("fsdist")
     try:
         run(dist.get_rank(), dist.get_world_size())
         if dist.get_rank() == 0:

@@ -11,6 +11,8 @@ export PATH=/usr/sbin:/usr/bin:/sbin:/bin PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev 2>/dev/null
 # multiprocessing's semaphores (doctor's probes, torch) live in /dev/shm: without it SemLock fails with ENOENT
 mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm
+# the guest's own scratch folders; run.sh refuses a checkout or work folder under any of them
+# (this tmpfs would hide it), so keep the two lists in step
 for d in /tmp /run /var/lib/nfs /mnt; do mount -t tmpfs tmpfs $d; done
 mkdir -p /var/lib/nfs/{sm,sm.bak,v4recovery,rpc_pipefs} /mnt/a /mnt/b /run/export /run/netns
 touch /var/lib/nfs/{etab,rmtab,xtab}

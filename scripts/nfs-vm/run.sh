@@ -11,6 +11,18 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-/var/tmp/fsdist-nfs-vm}
 mkdir -p "$work"; work=$(cd "$work" && pwd)
+# the guest mounts its own tmpfs over these (guest.sh): a checkout or work folder under one of
+# them would vanish inside the VM, and every rank fail with "No such file" after a full boot
+for path in "$repo" "$work"; do
+  for hidden in /tmp /run /var/lib/nfs /mnt; do
+    case "$path/" in "$hidden"/*)
+      echo "test-nfs: $path is under $hidden, which the VM covers with its own tmpfs, so it would not see" \
+           "it. Clone the checkout (and pass a work folder, default /var/tmp/fsdist-nfs-vm) elsewhere," \
+           "e.g. under /var/tmp or \$HOME" >&2
+      exit 2;;
+    esac
+  done
+done
 [ "$(id -u)" = 0 ] || { echo "test-nfs: needs root" >&2; exit 77; }
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
