@@ -14,38 +14,37 @@ import pytest
 
 FULL = os.environ.get("FSDIST_TORCH_SUITE") == "full"
 
-#: ~20 tests torch runs for Gloo, one or two per area, each ~5 s (spawn + init + test)
+#: 20 tests torch runs for Gloo and fsdist passes, a few per area; each spawns its ranks (~5-10 s).
+#: At world size 3 (the default) torch selects the same tests as at 2: its "small world size"
+#: skip means fewer than 8 ranks.
 CI_SUBSET = frozenset(
     {
         # process groups
         "test_get_backend",
         "test_destroy_group",
-        "test_new_subgroups",
-        # collectives, world and subgroups, sync and async
+        # collectives on the world group and on a group made by new_group, sync and async
         "test_all_reduce_sum_async",
-        "test_all_reduce_group_max",
+        "test_all_reduce_full_group_product",
         "test_all_reduce_coalesced_full_group_sum",
-        "test_broadcast_group",
-        "test_reduce_sum",
+        "test_broadcast_full_group",
+        "test_reduce_sum_twice",
         "test_all_gather_coalesced_simple",
         "test_scatter",
-        "test_gather",
-        "test_all_to_all_single_unequal_split",
-        "test_coalescing_manager",
+        "test_gather_full_group",
         # point to point
         "test_send_recv_any_source",
-        "test_batch_isend_irecv_gloo",
-        # barrier and timeouts
+        "test_batch_isend_irecv_gloo_tags",
+        # barrier, and a barrier that must time out (with c10d's wording) when a rank stays away
         "test_barrier",
         "test_barrier_timeout_global",
-        "test_barrier_timeout_group",
+        "test_barrier_timeout_full_group",
         # object collectives
-        "test_all_gather_object_default_pg",
+        "test_all_gather_object_subgroup",
         "test_scatter_object_list",
-        # DDP
+        # DistributedDataParallel
         "test_DistributedDataParallelCPU",
-        "test_ddp_hook_parity_allreduce",
-        "test_accumulate_gradients_no_sync",
+        "test_grads_same_across_ranks_with_no_sync",
+        "test_ddp_logging_data_cpu",
     }
 )
 

@@ -3,10 +3,10 @@
 pytest collects the one class, TestDistBackendWithSpawn; conftest.py picks which of its tests run.
 """
 
-import pytest
-
-# torch.testing._internal needs expecttest: the `torch-suite` extra, which scripts/test.sh installs
-pytest.importorskip("expecttest", reason="pip install '.[torch-suite]'")
+try:
+    import expecttest  # noqa: F401 - torch.testing._internal imports it
+except ImportError as exc:  # never skipped silently: scripts/test.sh installs the extra
+    raise ImportError("tests/torch_suite needs the torch-suite extra: pip install '.[torch-suite]'") from exc
 
 from torch_dist_suite import TestDistBackendWithSpawn
 
