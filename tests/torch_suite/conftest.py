@@ -3,6 +3,7 @@
 ``FSDIST_TORCH_SUITE=full`` (what ``make test-torch`` sets) keeps every test of
 ``DistributedTest._DistTestBase``; torch's own decorators then skip what Gloo skips. Otherwise only
 ``CI_SUBSET`` runs (a few minutes on 2 cores), and the other tests are reported as deselected.
+On fsdist, the tests of ``EXPECTED_FAILURES`` are expected to fail (strict xfail).
 """
 
 from __future__ import annotations
@@ -13,6 +14,24 @@ from pathlib import Path
 import pytest
 
 FULL = os.environ.get("FSDIST_TORCH_SUITE") == "full"
+BACKEND = os.environ.get("FSDIST_TORCH_SUITE_BACKEND", "fsdist")
+
+_BODY_BRANCHES = (
+    "the test body only has branches for BACKEND 'gloo'/'mpi' and 'nccl', so on any other backend it builds no model"
+)
+_MONITORED = "monitored_barrier is Gloo's alone: torch refuses it for every other backend"
+#: tests Gloo passes that fsdist can never pass as torch wrote them (docs/torch-suite.md); strict, so
+#: one that starts passing fails until it is taken off this list
+EXPECTED_FAILURES = {
+    "test_accumulate_gradients_no_sync": _BODY_BRANCHES,
+    "test_accumulate_gradients_no_sync_grad_is_view": _BODY_BRANCHES,
+    "test_accumulate_gradients_no_sync_allreduce_hook": _BODY_BRANCHES,
+    "test_accumulate_gradients_no_sync_allreduce_with_then_hook": _BODY_BRANCHES,
+    "test_monitored_barrier_gloo": _MONITORED,
+    "test_monitored_barrier_gloo_subgroup": _MONITORED,
+    "test_monitored_barrier_gloo_rank_0_timeout": _MONITORED + " (a direct pg.monitored_barrier() call fails in c10d)",
+    "test_sparse_all_reduce_sum": "sparse all_reduce: torch's test says only Gloo has it; fsdist sends dense tensors",
+}
 
 #: 20 tests torch runs for Gloo and fsdist passes, a few per area; each spawns its ranks (~5-10 s).
 #: At world size 3 (the default) torch selects the same tests as at 2: its "small world size"
@@ -50,9 +69,13 @@ CI_SUBSET = frozenset(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    if BACKEND == "fsdist":
+        for item in items:
+            if item.path.parent == here and item.name in EXPECTED_FAILURES:
+                item.add_marker(pytest.mark.xfail(reason=EXPECTED_FAILURES[item.name], strict=True))
     if FULL:
         return
-    here = Path(__file__).parent
     keep, drop = [], []
     for item in items:
         ours = item.path.parent == here

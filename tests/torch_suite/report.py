@@ -20,11 +20,12 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|F
 
 @dataclass
 class Outcome:
-    status: str  # "pass", "skip" or "FAIL"
+    status: str  # "pass", "skip", "FAIL" or "xfail" (a failure conftest.py expects)
     reason: str = ""
 
     def cell(self) -> str:
-        text = self.status if not self.reason else f"{self.status}: {self.reason}"
+        status = "FAIL (expected)" if self.status == "xfail" else self.status
+        text = status if not self.reason else f"{status}: {self.reason}"
         return text.replace("|", "\\|")
 
 
@@ -69,6 +70,8 @@ def read(path: str) -> tuple[dict[str, Outcome], float]:
             skipped = case.find("skipped")
             if failure is not None:
                 outcomes[name] = Outcome("FAIL", short_reason(failure.text or failure.get("message") or ""))
+            elif skipped is not None and skipped.get("type") == "pytest.xfail":
+                outcomes[name] = Outcome("xfail", _clip(skipped.get("message") or "", 90))
             elif skipped is not None:
                 outcomes[name] = Outcome("skip", _clip(skipped.get("message") or "", 90))
             else:
@@ -84,11 +87,12 @@ def main(argv: list[str]) -> int:
     for arg in argv:
         label, path = arg.split("=", 1)
         columns.append((label, *read(path)))
-    print("| run | passed | skipped | failed | wall time |")
-    print("|---|---|---|---|---|")
+    print("| run | passed | skipped | failed | of which expected | wall time |")
+    print("|---|---|---|---|---|---|")
     for label, outcomes, wall in columns:
-        counts = {status: sum(o.status == status for o in outcomes.values()) for status in ("pass", "skip", "FAIL")}
-        print(f"| {label} | {counts['pass']} | {counts['skip']} | {counts['FAIL']} | {wall / 60:.1f} min |")
+        counts = {s: sum(o.status == s for o in outcomes.values()) for s in ("pass", "skip", "FAIL", "xfail")}
+        failed = counts["FAIL"] + counts["xfail"]
+        print(f"| {label} | {counts['pass']} | {counts['skip']} | {failed} | {counts['xfail']} | {wall / 60:.1f} min |")
     print()
     names = sorted({name for _, outcomes, _ in columns for name in outcomes})
     print("| test | " + " | ".join(label for label, _, _ in columns) + " |")
