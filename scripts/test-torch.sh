@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # torch's own distributed test suite (DistributedTest._DistTestBase, the tests torch selects for
 # Gloo) on fsdist, the whole selection, at each world size; see docs/torch-suite.md.
-# Usage: scripts/test-torch.sh            fsdist at world sizes 2 and 3 (~25 min each on 2 cores)
+# Usage: scripts/test-torch.sh            fsdist at world sizes 2 and 3 (12-30 min each on 2 cores)
 #        FSDIST_TORCH_SUITE_BACKENDS="gloo fsdist" FSDIST_TORCH_SUITE_WORLD_SIZES=2 scripts/test-torch.sh
 # Writes torch-suite-results/<backend>-w<N>.xml (JUnit) and .log, and prints the result tables.
 # Exit status: 0 when every run had no failure.
