@@ -1,11 +1,17 @@
 # Everyday commands. `make demo` and `make test` are the README's two commands.
-.PHONY: demo test test-frameworks test-gluster test-nfs lint examples docs bench clean
+.PHONY: demo test test-torch test-frameworks test-gluster test-nfs lint examples docs bench clean
 
 demo:
 	scripts/demo.sh
 
 test:
 	scripts/test.sh
+
+# torch's own distributed test suite, every test torch runs for Gloo (285, 91 run), on fsdist at
+# world sizes 2 and 3: 12-30 min each on 2 cores (`make test` runs 20 of them, ~2 min). Tables and
+# JUnit XML in torch-suite-results/; docs/torch-suite.md.
+test-torch:
+	scripts/test-torch.sh
 
 # Lightning, accelerate and the transformers Trainer on fsdist, compared bit for bit with Gloo
 # (tests/frameworks; installs the `frameworks` extra: see docs/frameworks.md for the times)

@@ -75,7 +75,7 @@ class Mailbox:
         if receive.deadline.expired():
             where = "any rank" if receive.source is None else f"rank {receive.source}"
             raise FsdistTimeoutError(
-                f"rank {self._t.rank}: recv from {where} with tag {receive.tag} timed out after "
+                f"rank {self._t.rank}: recv from {where} with tag {receive.tag}: Timed out after "
                 f"{receive.deadline.seconds:.1f} s; no matching message arrived in {self._t.directory}"
             )
         return False

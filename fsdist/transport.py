@@ -355,7 +355,7 @@ class GroupTransport:
         state = self.peer_state(peer)
         behind = [r for r in range(self.size) if r != self.rank and self.peer_state(r).seq < self._seq]
         return FsdistTimeoutError(
-            f"{self._where()}: timed out after {self.timeout:.1f} s waiting for rank {peer} to publish {what}; "
+            f"{self._where()}: Timed out after {self.timeout:.1f} s waiting for rank {peer} to publish {what}; "
             f"its record {self._state_path(peer)} says it is at operation #{state.seq} step {state.step} "
             f"('{state.description}'); ranks that have not reached operation #{self._seq}: {behind}"
         )

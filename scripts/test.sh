@@ -4,7 +4,8 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 venv=${FSDIST_VENV:-$repo/.venv}
-"$repo/scripts/setup-venv.sh" "$venv" "${FSDIST_EXTRAS:-test}"  # make test-frameworks adds its extra
+# torch-suite: tests/torch_suite (torch's own test suite) needs expecttest; make test-frameworks adds its extra
+"$repo/scripts/setup-venv.sh" "$venv" "${FSDIST_EXTRAS:-test,torch-suite}"
 cd "$repo/tests"
 if [ "${FSDIST_COVERAGE:-0}" = 1 ]; then
   # coverage of every rank process too (multiprocessing-aware, combined afterwards)

@@ -79,7 +79,7 @@ def test_every_environment_variable_the_package_reads_is_in_the_reference() -> N
 def test_every_environment_variable_the_docs_name_exists() -> None:
     docs = _all_docs() + (REPO / "README.md").read_text()
     elsewhere = _package_sources() + "".join(
-        p.read_text() for p in [*REPO.glob("scripts/**/*.sh"), *REPO.glob("tests/*.py"), REPO / "Makefile"]
+        p.read_text() for p in [*REPO.glob("scripts/**/*.sh"), *REPO.glob("tests/**/*.py"), REPO / "Makefile"]
     )
     named = set(re.findall(r"\b(FSDIST_[A-Z_]+)\b", docs))
     unknown = sorted(name for name in named if name not in elsewhere)
