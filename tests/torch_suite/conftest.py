@@ -30,7 +30,6 @@ EXPECTED_FAILURES = {
     "test_monitored_barrier_gloo": _MONITORED,
     "test_monitored_barrier_gloo_subgroup": _MONITORED,
     "test_monitored_barrier_gloo_rank_0_timeout": _MONITORED + " (a direct pg.monitored_barrier() call fails in c10d)",
-    "test_sparse_all_reduce_sum": "sparse all_reduce: torch's test says only Gloo has it; fsdist sends dense tensors",
 }
 
 #: 20 tests torch runs for Gloo and fsdist passes, a few per area; each spawns its ranks (~5-10 s).
