@@ -1,13 +1,16 @@
 """fsdist: a torch.distributed backend whose ranks talk only through files in a shared directory.
 
-Importing fsdist (or just ``import torch`` once it is installed) registers the ``fsdist``
-backend and the ``fsdist://`` rendezvous scheme; every torch init method works with it::
+Once fsdist is installed, ``import torch`` registers the ``fsdist`` backend (a ``torch.backends``
+entry point); so does ``import fsdist`` after torch, or ``fsdist.register()``. Every torch init
+method works with it::
 
     import torch.distributed as dist
     dist.init_process_group("fsdist", init_method="file:///shared/run/initfile", rank=r, world_size=n)
 """
 
 from __future__ import annotations
+
+import sys
 
 from ._version import __version__
 from .errors import (
@@ -36,18 +39,14 @@ BACKEND_NAME = "fsdist"
 
 
 def register() -> None:
-    """Register the backend and the rendezvous scheme with torch.distributed (idempotent)."""
-    import torch.distributed as dist
+    """Register the ``fsdist`` backend, the ``fsdist://`` scheme and the port-free ``env://`` with
+    torch.distributed (idempotent). Installing fsdist does it whenever torch is imported."""
+    from .c10d.registration import register as register_with_torch
 
-    from . import _torch_compat as compat
-    from .backend import create_process_group
-    from .init_methods import env_handler, fsdist_rendezvous_handler
-
-    if not compat.backend_registered(BACKEND_NAME):
-        dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=["cpu", "cuda"])
-    if not compat.rendezvous_registered(BACKEND_NAME):
-        compat.register_rendezvous(BACKEND_NAME, fsdist_rendezvous_handler)
-    compat.wrap_rendezvous("env", env_handler)  # env:// meets through FSDIST_DIR where it is set
+    register_with_torch()
 
 
-register()
+# The package imports no torch of its own, so that its tools (status, doctor, clean, bench locks)
+# start at once, even where torch is not installed; where torch is loaded already, register now
+if "torch" in sys.modules:
+    register()

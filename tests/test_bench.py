@@ -14,9 +14,9 @@ import textwrap
 
 import pytest
 
-from fsdist.bench import report
-from fsdist.bench.plan import Plan, iterations, parse_size
-from fsdist.lockbench import measure
+from fsdist.cli.bench import report
+from fsdist.cli.bench.plan import Plan, iterations, parse_size
+from fsdist.cli.bench_locks import measure
 
 
 def _bench(tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -56,7 +56,7 @@ def test_the_first_iteration_check_catches_a_wrong_result(tmp_path) -> None:
     # a one-rank group told it is one of two: every reduction comes out wrong and must be caught
     script = textwrap.dedent(f"""
         import torch.distributed as dist, fsdist
-        from fsdist.bench.ops import make_case
+        from fsdist.cli.bench.ops import make_case
         dist.init_process_group("fsdist", init_method="fsdist://{tmp_path}/run", rank=0, world_size=1)
         group = dist.group.WORLD
         case = make_case("all_reduce", 64, 0, 2, group)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fsdist.cli import _COMMANDS, main
+from fsdist.cli.main import _COMMANDS, main
 
 
 def test_help_lists_every_command_and_no_command_is_a_usage_error(capsys) -> None:
@@ -50,7 +50,7 @@ def test_run_names_an_unknown_option_before_the_script(capsys, argv) -> None:
 
 
 def test_run_passes_options_after_the_script_to_the_script(tmp_path, monkeypatch) -> None:
-    from fsdist import launcher
+    from fsdist.cli import run as launcher
 
     seen = {}
     monkeypatch.setattr(launcher, "run", lambda args: seen.setdefault("args", args) and 0)

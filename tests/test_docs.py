@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 import fsdist
-from fsdist import cli
+from fsdist.cli import main as cli
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -34,7 +34,7 @@ def test_every_cli_flag_has_help_and_is_documented() -> None:
         assert help_text, name
         assert f"fsdist {name}" in docs, f"`fsdist {name}` is documented nowhere in docs/"
         parser = argparse.ArgumentParser(prog=f"fsdist {name}")
-        importlib.import_module(f"fsdist.{module_name}").add_arguments(parser)
+        importlib.import_module(f"fsdist.cli.{module_name}").add_arguments(parser)
         for action in parser._actions:
             if isinstance(action, argparse._HelpAction):
                 continue

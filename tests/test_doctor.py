@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from fsdist.mounts import OK, UNSAFE, WARN, classify, find_mount
+from fsdist.fs.mounts import OK, UNSAFE, WARN, classify, find_mount
 
 
 def _doctor(*args: str) -> tuple[int, dict]:
@@ -133,7 +133,7 @@ def test_mountinfo_escapes_are_decoded(tmp_path) -> None:
     assert find_mount("/mnt/a b/x", str(path)).fstype == "tmpfs"
 
 
-# ---- the start-up refusal (fsdist.fs_guard) -------------------------------------------
+# ---- the start-up refusal (fsdist.fs.guard) -------------------------------------------
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ import struct
 import pytest
 import torch
 
-from fsdist import message
 from fsdist.errors import FsdistError, ProtocolError
-from fsdist.fileio import publish
-from fsdist.locked_record import Counter, LockedRecord
-from fsdist.spares import SparePool
+from fsdist.files.io import publish
+from fsdist.files.locks import Counter, LockedRecord
+from fsdist.protocol import message
+from fsdist.transport.spares import SparePool
 
 from harness import run_forked
 

@@ -8,10 +8,10 @@ from datetime import timedelta
 
 import pytest
 
+from fsdist.c10d.init_methods import parse_url
 from fsdist.errors import RendezvousError
-from fsdist.init_methods import parse_url
-from fsdist.rendezvous import rendezvous
-from fsdist.rendezvous_record import RENDEZVOUS_FILE
+from fsdist.job.rendezvous import rendezvous
+from fsdist.protocol.rendezvous_record import RENDEZVOUS_FILE
 
 import cases_init as cases
 from harness import RankPool
@@ -85,7 +85,7 @@ def test_bad_rank_is_refused(tmp_path) -> None:
 
 
 def test_clean_removes_a_crashed_run_and_refuses_a_live_one(pool_factory, tmp_path) -> None:
-    from fsdist.cli import main
+    from fsdist.cli.main import main
 
     with pytest.raises(Exception):  # noqa: B017 - rank 0 dies; the others fail
         _run_unjoined(2, cases.crash_mid_collective, [(str(tmp_path), r, 2) for r in range(2)], deaths_expected=True)

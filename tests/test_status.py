@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from fsdist.status import read_status
+from fsdist.inspect.status import read_status
 
 import cases_status as cases
 from harness import RankPool

@@ -8,8 +8,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from fsdist.c10d.store import DirectoryStore, key_to_filename
 from fsdist.errors import FsdistTimeoutError
-from fsdist.store import DirectoryStore, key_to_filename
 
 from harness import run_forked
 

@@ -13,9 +13,9 @@ import torch
 
 from ..defaults import MAP_MIN_BYTES
 from ..errors import DesyncError
-from ..message import Message
-from ..reduce_ops import Reduction, combine_into, combine_to
-from ..transport import GroupTransport
+from ..protocol.message import Message
+from ..transport.group import GroupTransport
+from .reduce_ops import Reduction, combine_into, combine_to
 
 _SCRATCH = threading.local()
 

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 import torch
 
 from ..defaults import ALLREDUCE_SLICED_MIN_BYTES
-from ..reduce_ops import Reduction, finish
-from ..transport import GroupTransport
+from ..transport.group import GroupTransport
 from ._common import read_part, reduce_into_own
+from .reduce_ops import Reduction, finish
 
 
 def all_reduce(t: GroupTransport, tensor: torch.Tensor, reduction: Reduction, first_step: int = 1) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..transport import GroupTransport
+from ..transport.group import GroupTransport
 from ._common import read_part
 
 

@@ -6,7 +6,7 @@ peers' doorbells) and waits until every peer's record shows step 1.
 
 from __future__ import annotations
 
-from ..transport import GroupTransport
+from ..transport.group import GroupTransport
 
 
 def barrier(t: GroupTransport) -> None:

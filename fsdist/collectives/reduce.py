@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ..reduce_ops import Reduction, finish
-from ..transport import GroupTransport
+from ..transport.group import GroupTransport
 from ._common import reduce_into_own
+from .reduce_ops import Reduction, finish
 
 
 def reduce(t: GroupTransport, tensor: torch.Tensor, root: int, reduction: Reduction) -> None:

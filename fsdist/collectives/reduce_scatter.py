@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ..reduce_ops import Reduction, finish
-from ..transport import GroupTransport
+from ..transport.group import GroupTransport
 from ._common import reduce_into_own
+from .reduce_ops import Reduction, finish
 
 
 def reduce_scatter(

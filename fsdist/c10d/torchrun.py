@@ -1,0 +1,85 @@
+"""A torchrun rendezvous backend that needs no port: ``--rdzv-backend=fsdist``.
+
+    torchrun --rdzv-backend=fsdist --rdzv-endpoint=/shared/run --rdzv-id=job42 \\
+             --nnodes=2 --nproc-per-node=4 train.py
+
+The agents (one per node) form a generation under ``ENDPOINT/RUN_ID/agents`` with fsdist's own
+rendezvous, taking node ranks in arrival order, and share its DirectoryStore; torch's
+TCPStore is never started (``use_agent_store`` is False). The agents export
+``FSDIST_DIR=ENDPOINT/RUN_ID/workers``, so a script's plain ``init_process_group("fsdist")``
+(torch's env://) meets there (init_methods.py), as does ``init_method="fsdist://"``. The workers
+also get torch's ``MASTER_PORT=0``: no store is served, and torch's own env:// handler, if forced
+(FSDIST_ENV_INIT=torch), fails at once on it. Elastic ranges (min != max nodes) are not supported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from datetime import timedelta
+
+from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousParameters
+from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+
+from ..defaults import ENV_DIR
+from ..job.rendezvous import Generation, rendezvous
+from .init_methods import open_store
+
+
+class FsdistRendezvousHandler(RendezvousHandler):
+    """torchrun's agents meet through the shared directory."""
+
+    def __init__(self, params: RendezvousParameters) -> None:
+        if params.min_nodes != params.max_nodes:
+            raise NotImplementedError(
+                f"fsdist rendezvous: elastic node ranges ({params.min_nodes}:{params.max_nodes}) are not "
+                "supported; pass --nnodes=N"
+            )
+        if not params.endpoint:
+            raise ValueError("fsdist rendezvous needs --rdzv-endpoint=/shared/directory")
+        self._params = params
+        self._root = os.path.join(os.path.realpath(params.endpoint), params.run_id)
+        self._timeout = timedelta(seconds=float(params.get("join_timeout", 600)))
+        self._generation: Generation | None = None
+        self._closed = False
+
+    def get_backend(self) -> str:
+        return "fsdist"
+
+    @property
+    def use_agent_store(self) -> bool:
+        return False  # the workers must not connect to a TCPStore: they use fsdist:// themselves
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        if self._generation is not None:
+            self._generation.leave()  # a restart round: form a fresh generation
+        agents = os.path.join(self._root, "agents")
+        self._generation = rendezvous(agents, None, self._params.max_nodes, self._timeout)
+        os.environ[ENV_DIR] = os.path.join(self._root, "workers")  # inherited by the workers
+        store = open_store(self._generation, self._timeout)
+        self._store = store  # c10d keeps only the C++ half of a Python store alive
+        info = RendezvousStoreInfo("localhost", 0)  # never used: no agent store is served
+        return RendezvousInfo(store, self._generation.rank, self._generation.world_size, info)
+
+    def is_closed(self) -> bool:
+        return self._closed
+
+    def set_closed(self) -> None:
+        self._closed = True
+
+    def num_nodes_waiting(self) -> int:
+        return 0
+
+    def get_run_id(self) -> str:
+        return self._params.run_id
+
+    def shutdown(self) -> bool:
+        if self._generation is not None:
+            self._generation.leave()
+            self._generation = None
+        return True
+
+
+def handler_creator() -> Callable[[RendezvousParameters], RendezvousHandler]:
+    """What the ``torchrun.handlers`` entry point returns: torch calls it with no arguments."""
+    return FsdistRendezvousHandler

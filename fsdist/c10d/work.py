@@ -1,0 +1,254 @@
+"""Work objects and the threads that run operations in issue order.
+
+Collectives of a group run one at a time on one FIFO worker thread, in the order the caller
+issued them (sequence numbers are assigned in the calling thread). Receives are matched by a
+separate thread so that a posted ``irecv`` never blocks later collectives or sends (as in Gloo).
+
+``dist.Work`` is subclassed rather than built from a future: an error set on a Python future is
+not seen by C++ (see TORCH_API.md), so ``wait()`` raises the stored error itself and
+``get_future()`` unwraps it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..defaults import MAX_SLEEP_SECONDS, REDUCE_THREADS
+from ..errors import FsdistError, FsdistTimeoutError, GroupBrokenError
+from ..transport.p2p import Mailbox, PendingReceive
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FsdistWork", "OpQueue", "ReceiveLoop"]
+
+
+class _Failed:
+    """The future's value when the operation failed (the error travels beside it)."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class FsdistWork(dist.Work):
+    """The handle of one operation: ``wait()`` raises its real error; the future holds outputs."""
+
+    def __init__(self, outputs: list[torch.Tensor], description: str) -> None:
+        super().__init__()
+        self.description = description
+        self._outputs = outputs
+        self._future: torch.futures.Future[Any] = torch.futures.Future()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+        self._source: int = -1
+        self._lock = threading.Lock()
+        self._completed = False
+        self._future_handed_out = False
+
+    def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
+        """Record the outcome (the first call wins) and complete the future.
+
+        Callbacks attached through ``get_future().then`` run when the future completes. They
+        must not run on the group's worker thread: a callback that issues a collective and
+        waits for it (DDP's PowerSGD hook does) would wait for the very thread it blocks. So a
+        future that was handed out completes on a completion thread; one that was not (no
+        callback can be attached yet) completes at once, with no thread hop.
+        """
+        with self._lock:
+            if self._completed:
+                return
+            self._completed = True
+            self._error = error
+            if source is not None:
+                self._source = source
+            if not self._future_handed_out:
+                self._finish()
+                return
+        _completions().submit(self._finish)
+
+    def _finish(self) -> None:
+        try:
+            self._future.set_result(_Failed(self._error) if self._error else self._outputs)
+        finally:
+            self._done.set()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        seconds = timeout.total_seconds() if timeout is not None and timeout.total_seconds() > 0 else None
+        if not self._done.wait(seconds):
+            raise FsdistTimeoutError(f"'{self.description}' did not finish within {seconds:.1f} s of wait()")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._outputs
+
+    def source_rank(self) -> int:
+        return self._source
+
+    def _source_rank(self) -> int:
+        return self._source
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        with self._lock:
+            self._future_handed_out = True
+        return self._future.then(_unwrap)
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+_COMPLETIONS: ThreadPoolExecutor | None = None
+_COMPLETIONS_LOCK = threading.Lock()
+
+
+def _completions() -> ThreadPoolExecutor:
+    """Threads that complete futures: several, so a callback may wait on a later operation."""
+    global _COMPLETIONS
+    with _COMPLETIONS_LOCK:
+        if _COMPLETIONS is None:
+            _COMPLETIONS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fsdist-complete")
+        return _COMPLETIONS
+
+
+def _unwrap(future: torch.futures.Future[Any]) -> Any:
+    value = future.value()
+    if isinstance(value, _Failed):
+        raise value.error
+    return value
+
+
+class OpQueue:
+    """One worker thread running a group's operations first-in, first-out.
+
+    After an operation fails the group is broken: the error is reported on every later
+    operation instead of letting ranks run on out of step.
+    """
+
+    def __init__(self, name: str, on_error: Callable[[BaseException], None]) -> None:
+        self._queue: queue.SimpleQueue[tuple[FsdistWork, Callable[[], None]] | None] = queue.SimpleQueue()
+        self._on_error = on_error
+        self.broken: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"fsdist-{name}", daemon=True)
+        self._thread.start()
+
+    def submit(self, work: FsdistWork, run: Callable[[], None]) -> FsdistWork:
+        self._queue.put((work, run))
+        return work
+
+    def _run(self) -> None:
+        if REDUCE_THREADS > 0:
+            torch.set_num_threads(REDUCE_THREADS)  # this thread's reductions only (see defaults)
+        while (item := self._queue.get()) is not None:
+            work, run = item
+            if self.broken is not None:
+                work.complete(GroupBrokenError(f"'{work.description}' not run: the group broke earlier: {self.broken}"))
+                continue
+            try:
+                run()
+            except BaseException as error:  # noqa: BLE001 - every error goes to the waiter
+                self.broken = error
+                work.complete(error)  # first: the waiter must hear of it even if reporting fails
+                try:
+                    self._on_error(error)
+                except BaseException:  # e.g. ENOSPC while writing the abort marker
+                    log.exception("fsdist: could not report the failure of '%s' to peers", work.description)
+            else:
+                work.complete()
+
+    def close(self) -> None:
+        """Finish queued operations, then stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+
+class ReceiveLoop:
+    """A thread matching posted receives against arrived messages, in posting order."""
+
+    def __init__(self, name: str, mailbox: Mailbox, health_check: Callable[[], None]) -> None:
+        self._mailbox = mailbox
+        self._health_check = health_check
+        self._pending: list[tuple[FsdistWork, PendingReceive]] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=f"fsdist-recv-{name}", daemon=True)
+        self._thread.start()
+
+    def post(self, work: FsdistWork, receive: PendingReceive) -> FsdistWork:
+        with self._cond:
+            self._pending.append((work, receive))
+            self._cond.notify()
+        return work
+
+    def _run(self) -> None:
+        sleep = 0.0
+        last_health = time.monotonic()
+        while True:
+            with self._cond:
+                while not self._pending and not self._closing:
+                    self._cond.wait()
+                if not self._pending and self._closing:
+                    return
+                pending = list(self._pending)
+            self._mailbox.begin_pass()
+            progressed = False
+            for work, receive in pending:
+                try:
+                    if not self._mailbox.try_receive(receive):
+                        continue
+                    error = None
+                except BaseException as exc:  # noqa: BLE001 - reported to the waiter
+                    error = exc
+                with self._cond:
+                    self._pending = [item for item in self._pending if item[0] is not work]
+                work.complete(error, receive.matched_source)
+                progressed = True
+            if progressed:
+                sleep = 0.0
+                continue
+            if time.monotonic() - last_health > 0.1:
+                last_health = time.monotonic()
+                try:
+                    self._health_check()
+                except BaseException as exc:  # noqa: BLE001
+                    self._fail_all(exc)
+            sleep = min(max(sleep * 2, 20e-6), MAX_SLEEP_SECONDS)
+            self._mailbox.sleep(sleep)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            pending, self._pending = self._pending, []
+        for work, _ in pending:
+            work.complete(error)
+
+    def close(self) -> None:
+        """Stop matching: receives still pending now can never complete, so they fail."""
+        with self._cond:
+            self._closing = True
+            pending, self._pending = self._pending, []
+            self._cond.notify()
+        for work, receive in pending:
+            where = "any rank" if receive.source is None else f"rank {receive.source}"
+            work.complete(FsdistError(f"recv from {where} (tag {receive.tag}) never matched: the group was shut down"))
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._mailbox.close()

@@ -1,0 +1,165 @@
+"""``python -m fsdist bench``: spawn each world, collect its timings, print and write the results.
+
+Each world size gets a fresh private directory under ``--dir`` (default ``/dev/shm``), holding
+the fsdist run directory, the plan and the ranks' outputs; it is removed afterwards, whatever
+happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from ...files.io import make_private_dir
+from . import report
+from .plan import BACKENDS, DEFAULT_RANKS, DEFAULT_SIZES, OPS, Plan, parse_size
+
+#: A world whose ranks take longer than this is killed (a hang must not outlive the benchmark).
+WORLD_TIMEOUT_SECONDS = 900.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ranks", default=DEFAULT_RANKS, help=f"world sizes to run (default {DEFAULT_RANKS})")
+    parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes S (default {DEFAULT_SIZES})")
+    parser.add_argument("--ops", default=",".join(OPS), help="operations (default: all of them)")
+    parser.add_argument("--dir", default=None, help="where the runs' files go (default /dev/shm, else TMPDIR)")
+    parser.add_argument("--against", default="gloo", choices=["gloo", "none"], help="compare with Gloo (default)")
+    parser.add_argument("--iters", default="default", help="'default' (by size), 'small' (smoke test) or a count")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: torch's choice)")
+    parser.add_argument("--out", default="fsdist-bench", help="write OUT.csv and OUT.json ('' to skip)")
+    parser.add_argument("--plot", action="store_true", help="also draw OUT.png (needs the [plot] extra: matplotlib)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        plan = _plan(args)
+        worlds = [int(w) for w in args.ranks.split(",") if w.strip()]
+        if not worlds or min(worlds) < 1:
+            raise ValueError("--ranks needs world sizes of at least 1")
+    except ValueError as exc:
+        print(f"fsdist bench: {exc}", file=sys.stderr)
+        return 2
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        print("fsdist bench: --plot needs matplotlib: pip install 'fsdist[plot]' (or matplotlib)", file=sys.stderr)
+        return 2
+    base = args.dir or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+    started = time.monotonic()
+    rows: list[report.Row] = []
+    blocked: dict[str, dict[str, float]] = {}
+    for world in worlds:
+        print(f"fsdist bench: {world} ranks in {base} ...", file=sys.stderr, flush=True)
+        try:
+            outputs = _run_world(plan, world, base)
+        except RuntimeError as exc:
+            print(f"fsdist bench: {exc}", file=sys.stderr)
+            return 2
+        rows += report.summarise(world, [out["results"] for out in outputs])
+        if world > 1:  # the ranks that waited for rank 0: the worst of them
+            blocked[str(world)] = {b: max(out["blocked_cpu"][b] for out in outputs[1:]) for b in plan.backends}
+    elapsed = time.monotonic() - started
+    print(report.table(rows))
+    for label, cpu in blocked.items():
+        burnt = ", ".join(f"{backend} {seconds:.3f}" for backend, seconds in cpu.items())
+        print(f"blocked 1 s in a barrier ({label} ranks), CPU seconds: {burnt}")
+    print(f"({len(rows)} cells in {elapsed:.0f} s, directory {base})")
+    if args.out:
+        meta = {"command": sys.argv, "plan": plan.to_json(), "worlds": worlds, "dir": base, "seconds": elapsed,
+                "machine": platform.platform(), "cpus": os.cpu_count(), "time": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                time.gmtime()), "blocked_cpu_s": blocked}  # fmt: skip
+        report.write_csv(rows, f"{args.out}.csv")
+        report.write_json(rows, meta, f"{args.out}.json")
+        written = [f"{args.out}.csv", f"{args.out}.json"]
+        if args.plot:
+            report.plot(rows, f"{args.out}.png")
+            written.append(f"{args.out}.png")
+        print("wrote " + ", ".join(written))
+    failed = [r for r in rows if not r.verified]
+    for row in failed:
+        print(f"VERIFICATION FAILED: {row.backend} {row.op} {row.nbytes} B ×{row.world}: {row.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    ops = [op.strip() for op in args.ops.split(",") if op.strip()]
+    unknown = [op for op in ops if op not in OPS]
+    if unknown or not ops:
+        raise ValueError(f"unknown ops {unknown}; choose from {', '.join(OPS)}")
+    sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+    if args.iters not in ("default", "small") and not (args.iters.isdigit() and int(args.iters) > 0):
+        raise ValueError(f"--iters must be 'default', 'small' or a positive count, not {args.iters!r}")
+    backends = list(BACKENDS) if args.against == "gloo" else ["fsdist"]
+    return Plan(ops=ops, sizes=sizes, backends=backends, iters=args.iters, threads=args.threads)
+
+
+def _run_world(plan: Plan, world: int, base: str) -> list[dict[str, Any]]:
+    """Run one world's ranks to completion; return each rank's output (results, blocked CPU)."""
+    make_private_dir(base)
+    work = tempfile.mkdtemp(prefix=f"fsdist-bench-w{world}-", dir=base)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        plan_path = os.path.join(work, "plan.json")
+        with open(plan_path, "w") as out:
+            json.dump(plan.to_json(), out)
+        env = {**os.environ, "FSDIST_DIR": os.path.join(work, "run"), "WORLD_SIZE": str(world),
+               "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+               "FSDIST_BENCH_PROGRESS": os.path.join(work, "progress")}  # fmt: skip
+        for rank in range(world):
+            with open(os.path.join(work, f"log.r{rank}"), "wb") as log:
+                command = [sys.executable, "-m", "fsdist.cli.bench.rank", plan_path, os.path.join(work, f"out.r{rank}")]
+                rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+                procs.append(subprocess.Popen(command, env=rank_env, stdout=log, stderr=subprocess.STDOUT))
+        _wait_all(procs, work)
+        results = []
+        for rank in range(world):
+            with open(os.path.join(work, f"out.r{rank}")) as source:
+                results.append(json.load(source))
+        return results
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _show_progress(path: str, shown: int, world: int) -> int:
+    """Print the lines rank 0 added to its progress file since ``shown``; return the new count."""
+    try:
+        with open(path) as source:
+            lines = source.read().splitlines()
+    except FileNotFoundError:
+        return shown
+    for line in lines[shown:]:
+        print(f"fsdist bench: {world} ranks {line}", file=sys.stderr, flush=True)
+    return len(lines)
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]], work: str) -> None:
+    """Wait for every rank; the first to fail ends the world and its log is raised."""
+    deadline = time.monotonic() + WORLD_TIMEOUT_SECONDS
+    shown = 0
+    while any(p.poll() is None for p in procs):
+        shown = _show_progress(os.path.join(work, "progress"), shown, len(procs))
+        failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+        if failed or time.monotonic() > deadline:
+            rank = failed[0] if failed else 0
+            with open(os.path.join(work, f"log.r{rank}"), errors="replace") as log:
+                tail = log.read()[-4000:]
+            what = f"exited with {procs[rank].returncode}" if failed else "timed out"
+            raise RuntimeError(f"rank {rank} of {len(procs)} {what}:\n{tail}")
+        time.sleep(0.05)
+    _show_progress(os.path.join(work, "progress"), shown, len(procs))
+    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        with open(os.path.join(work, f"log.r{failed[0]}"), errors="replace") as log:
+            raise RuntimeError(f"rank {failed[0]} of {len(procs)} exited with {procs[failed[0]].returncode}:\n"
+                               + log.read()[-4000:])  # fmt: skip

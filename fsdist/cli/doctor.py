@@ -1,0 +1,43 @@
+"""``python -m fsdist doctor DIR [--peer-mount DIR2] [--json]``: is this filesystem safe for fsdist?
+
+The findings come from fs/doctor.py; exit status 0: nothing unsafe found; 1: fsdist would be
+unsafe here; 2: the check could not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+from ..fs.doctor import diagnose, render
+from ..fs.mounts import UNSAFE
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("directory", metavar="DIR", help="a directory on the filesystem to check (a run directory)")
+    parser.add_argument(
+        "--peer-mount",
+        metavar="DIR2",
+        help="the same directory reached through another mount (another client), to test across clients",
+    )
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        report = diagnose(args.directory, args.peer_mount)
+    except (OSError, RuntimeError) as exc:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        where = f"{os.path.basename(frame.filename)}:{frame.lineno} {frame.line}"
+        print(f"fsdist doctor: could not check {args.directory}: {exc} (in {where})", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(report))
+    return 1 if report["verdict"] == UNSAFE else 0

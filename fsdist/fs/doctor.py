@@ -1,0 +1,170 @@
+"""Is this filesystem safe for fsdist? The diagnosis behind ``python -m fsdist doctor``.
+
+First what the mount says (type and options: NFS ``nolock``/``local_lock``/``lookupcache``/
+``actimeo``, Lustre ``flock``, FUSE, GlusterFS caches), then what it does: exclusive locking
+across processes (and across the two mounts when ``--peer-mount`` names the same directory
+through a second mount, i.e. a second client), lost lock-guarded updates, atomic rename,
+how fast a new file and a rewrite become visible. One verdict per property, with a fix.
+Exit status 0: nothing unsafe found; 1: fsdist would be unsafe here; 2: the check could not run.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from dataclasses import asdict
+from typing import Any
+
+from ..files.io import make_private_dir, remove_tree
+from . import probes
+from .mounts import OK, UNSAFE, WARN, Finding, classify, find_mount
+
+__all__ = ["diagnose", "render"]
+
+#: A read under the lock that lags a rewrite by more than this is not lock-coherent.
+_COHERENT_SECONDS = 0.1
+#: A new name that ``stat`` does not see for this long: a negative lookup cache is at work.
+_STAT_SLOW_SECONDS = 1.0
+
+
+def diagnose(directory: str, peer: str | None = None) -> dict[str, Any]:
+    """Every finding about ``directory`` (and ``peer``, the same directory through another mount)."""
+    directory = os.path.realpath(directory)
+    mounts = {"A": find_mount(directory)}
+    if peer:
+        peer = os.path.realpath(peer)
+        mounts["B"] = find_mount(peer)
+    findings: list[Finding] = []
+    for label, mount in mounts.items():
+        for f in classify(mount):
+            findings.append(Finding(f"{f.name} ({label})" if peer else f.name, f.verdict, f.detail, f.fix))
+    scratch_name = f".fsdist-doctor-{secrets.token_hex(4)}"
+    scratch_a = os.path.join(directory, scratch_name)
+    make_private_dir(scratch_a)
+    try:
+        scratch_b = _peer_scratch(peer, scratch_name) if peer else scratch_a
+        findings += _measure(scratch_a, scratch_b, across=bool(peer), fix=_first_fix(findings))
+    finally:
+        remove_tree(scratch_a)
+    verdict = (
+        UNSAFE
+        if any(f.verdict == UNSAFE for f in findings)
+        else WARN
+        if any(f.verdict == WARN for f in findings)
+        else OK
+    )
+    return {
+        "directory": directory,
+        "peer_mount": peer,
+        "mounts": {k: {**asdict(m), "options": m.option_text()} for k, m in mounts.items()},
+        "findings": [asdict(f) for f in findings],
+        "verdict": verdict,
+    }
+
+
+def _first_fix(findings: list[Finding]) -> str:
+    return next((f.fix for f in findings if f.verdict == UNSAFE and f.fix), "")
+
+
+def _peer_scratch(peer: str, name: str) -> str:
+    """The scratch folder seen through the peer mount; it must appear there, or DIR2 is not DIR."""
+    path = os.path.join(peer, name)
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        if name in os.listdir(peer):
+            return path
+        time.sleep(0.01)
+    raise RuntimeError(f"{peer} does not show what was created in the first directory: not the same directory")
+
+
+def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
+    where = "through the two mounts" if across else "between processes"
+    out: list[Finding] = []
+    local_only = "locks are local only: fsdist would corrupt data here"
+
+    excluded = probes.lock_exclusion(os.path.join(a, "lock"), os.path.join(b, "lock"))
+    out.append(
+        Finding("lock exclusion", OK, f"an exclusive lock excluded a second lock {where}")
+        if excluded
+        else Finding(
+            "lock exclusion", UNSAFE, f"an exclusive lock did NOT exclude a second one {where}: {local_only}", fix
+        )
+    )
+
+    paths = [os.path.join(a, "counter")] * 2 + [os.path.join(b, "counter")] * 2
+    result = probes.lost_updates(paths)
+    text = f"{result.lost} of {result.expected} lock-guarded increments lost (4 processes, {result.seconds:.2f} s)"
+    out.append(
+        Finding("lost updates", OK, text)
+        if result.lost == 0
+        else Finding("lost updates", UNSAFE, f"{text}: fsdist would corrupt data here", fix)
+    )
+
+    reads, torn, stale = probes.rename_atomicity(a, b)
+    text = f"{reads} reads during renames, {torn} torn or missing, {stale} ESTALE (fsdist retries ESTALE)"
+    out.append(
+        Finding("atomic rename", OK if torn == 0 else UNSAFE, text, "" if torn == 0 else "use another filesystem")
+    )
+
+    by_stat, by_list = probes.new_file_visibility(a, b)
+    if by_stat is None or by_stat > _STAT_SLOW_SECONDS:
+        seen = "not within 3 s" if by_stat is None else f"after {by_stat:.2f} s"
+        out.append(
+            Finding(
+                "new file (stat)",
+                WARN,
+                f"a new file was seen by stat {seen} (negative lookup cache); fsdist never waits on that",
+                "mount with lookupcache=positive (NFS) or negative-timeout=0 (GlusterFS)",
+            )
+        )
+    else:
+        out.append(Finding("new file (stat)", OK, f"a new file was seen by stat after {by_stat * 1e3:.1f} ms"))
+    if by_list is None:
+        out.append(
+            Finding("new file (listdir)", UNSAFE, "a new file was not listed within 3 s", "use another filesystem")
+        )
+    else:
+        out.append(Finding("new file (listdir)", OK, f"a new file was listed after {by_list * 1e3:.1f} ms"))
+
+    held, reopened = probes.rewrite_visibility(os.path.join(a, "record"), os.path.join(b, "record"))
+    if held is None or held > _COHERENT_SECONDS:
+        seen = "not within 3 s" if held is None else f"only after {held:.2f} s"
+        out.append(
+            Finding(
+                "rewrite under lock",
+                UNSAFE,
+                f"a record rewritten under the lock was read {seen} through a held-open descriptor: "
+                "locks are not a coherence point here, fsdist's records would be stale and counters lose updates",
+                fix or "make the filesystem lock-coherent (see docs/filesystems.md)",
+            )
+        )
+    else:
+        out.append(Finding("rewrite under lock", OK, f"a rewrite was read under the lock after {held * 1e3:.1f} ms"))
+    seen = "not within 3 s" if reopened is None else f"{reopened * 1e3:.1f} ms"
+    out.append(
+        Finding(
+            "rewrite on re-open", OK if reopened is not None else WARN, f"a rewrite was read on re-open after {seen}"
+        )
+    )
+    return out
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [
+        f"fsdist doctor: {report['directory']}"
+        + (f"  (peer mount {report['peer_mount']})" if report["peer_mount"] else "")
+    ]
+    for label, m in report["mounts"].items():
+        lines.append(f"  mount {label}: {m['fstype']} {m['source']} on {m['mount_point']} ({m['options']})")
+    for f in report["findings"]:
+        lines.append(f"  [{f['verdict']:^6}] {f['name']}: {f['detail']}")
+        if f["fix"] and f["verdict"] != OK:
+            lines.append(f"           fix: {f['fix']}")
+    summary = {
+        OK: "safe for fsdist",
+        WARN: "usable by fsdist, with the warnings above",
+        UNSAFE: "UNSAFE: fsdist would corrupt data or hang here across these clients",
+    }[report["verdict"]]
+    lines.append(f"verdict: {summary}")
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""Refuse to start a job whose ranks would corrupt each other's files.
+
+fsdist needs fcntl locks that exclude across every client of the run directory, and reads
+under the lock that see the last holder's writes. Some filesystems give that only within one
+client (NFS ``nolock``/``local_lock=posix``, Lustre ``localflock``, bindfs, sshfs, GlusterFS
+with its client caches on): fine for a job on one machine through one mount, silent data
+corruption across nodes. So each rank records in the rendezvous which *client* it reaches the
+directory through (boot id + device) and what its mount is known to lack; when a generation's
+members span more than one client and any of them sits on such a mount, every rank refuses
+with the mount option and its fix. ``FSDIST_ALLOW_UNSAFE_FS=1`` overrides (a warning then).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from ..defaults import ENV_ALLOW_UNSAFE_FS
+from ..errors import RendezvousError
+from .mounts import client_key, cross_client_hazard, local_hazard
+
+log = logging.getLogger(__name__)
+
+__all__ = ["allowed", "check_members", "corrupted", "describe_client", "refuse_known_multinode"]
+
+
+def allowed() -> bool:
+    return os.environ.get(ENV_ALLOW_UNSAFE_FS, "") not in ("", "0")
+
+
+def describe_client(root: str) -> dict[str, str]:
+    """What this rank adds to its rendezvous entry: its client, and its mount's hazard (or "")."""
+    try:
+        return {
+            "client": client_key(root),
+            "fs_hazard": cross_client_hazard(root) or "",
+            "fs_local_hazard": local_hazard(root) or "",
+        }
+    except OSError as exc:  # no /proc/self/mountinfo (not Linux): nothing known
+        log.debug("fsdist: cannot classify the filesystem of %s: %s", root, exc)
+        return {"client": "", "fs_hazard": "", "fs_local_hazard": ""}
+
+
+def _error(root: str, hazard: str, why: str) -> RendezvousError:
+    return RendezvousError(
+        f"refusing to start: {why}, but {hazard}. Ranks on different clients would not exclude each "
+        f"other's locks and would corrupt the job's files. Fix the mount (python -m fsdist doctor {root} "
+        f"--peer-mount ... shows what it does), or set {ENV_ALLOW_UNSAFE_FS}=1 to start anyway"
+    )
+
+
+def corrupted(root: str, hazard: str, path: str, exc: Exception) -> RendezvousError:
+    """The rendezvous file read back corrupt on a mount known to lose lock-guarded writes."""
+    return _error(
+        root, hazard, f"the rendezvous file {path} read back corrupt ({exc}; delete it once the mount is fixed)"
+    )
+
+
+def refuse_known_multinode(root: str, me: dict[str, Any], world_size: int) -> None:
+    """Before joining: a job that says it spans nodes (SLURM, torchrun/fsdist run) is refused at
+    once on a hazardous mount, before its lock-guarded rendezvous file can be corrupted; so is
+    any job of several ranks on a mount whose locks do not even exclude within one client."""
+    if me.get("fs_local_hazard") and world_size > 1:
+        error = _error(root, me["fs_local_hazard"], "this job has several ranks")
+        if not allowed():
+            raise error
+        log.warning("fsdist: %s (starting anyway: %s is set)", error, ENV_ALLOW_UNSAFE_FS)
+    hazard = me.get("fs_hazard")
+    nodes = int(os.environ.get("SLURM_NNODES", os.environ.get("SLURM_JOB_NUM_NODES", "1")) or 1)
+    world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
+    multinode = nodes > 1 or (world is not None and local is not None and int(world) > int(local))
+    if hazard and multinode:
+        error = _error(root, hazard, "this job spans several nodes")
+        if not allowed():
+            raise error
+        log.warning("fsdist: %s (starting anyway: %s is set)", error, ENV_ALLOW_UNSAFE_FS)
+
+
+def check_members(root: str, members: dict[str, dict[str, Any]], warned: set[str]) -> None:
+    """Raise when the members seen so far span clients and one of them has a hazard, or when
+    a member already refused (so every rank fails with the same reason, not a timeout)."""
+    refused = next((m["refused"] for m in members.values() if m.get("refused")), None)
+    if refused:
+        raise RendezvousError(refused)
+    clients = {m.get("client", "") for m in members.values()}
+    if len(clients) < 2:
+        return
+    hazard = next((m["fs_hazard"] for m in members.values() if m.get("fs_hazard")), None)
+    if not hazard:
+        return
+    error = _error(root, hazard, f"ranks reach {root} through {len(clients)} different clients (hosts or mounts)")
+    if not allowed():
+        raise error
+    if hazard not in warned:
+        warned.add(hazard)
+        log.warning("fsdist: %s (starting anyway: %s is set)", error, ENV_ALLOW_UNSAFE_FS)

@@ -1,0 +1,228 @@
+"""Short measurements of the filesystem properties fsdist relies on (``fsdist doctor`` runs them).
+
+Each probe works in a scratch folder reached through mount A and, when given, through a second
+mount B of the same directory (a second client: another node, or a second mount on this host).
+Processes, not threads: fcntl locks belong to processes. Each probe does a fixed, small amount
+of work with a time cap, so the whole set takes a few seconds even on a slow filesystem.
+This is a focused probe, not the lock benchmark (``fsdist bench locks``).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import multiprocessing as mp
+import os
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..files.io import publish, unlink_quietly
+from ..files.locks import _EXCLUSIVE, _FLOCK, Counter, LockedRecord, _lock
+
+__all__ = [
+    "LockResult",
+    "lock_exclusion",
+    "lost_updates",
+    "new_file_visibility",
+    "rename_atomicity",
+    "rewrite_visibility",
+]
+
+_INT64 = struct.Struct("<q")
+
+
+@dataclass(frozen=True)
+class LockResult:
+    expected: int
+    final: int
+    seconds: float
+
+    @property
+    def lost(self) -> int:
+        return self.expected - self.final
+
+
+def _ctx() -> Any:
+    return mp.get_context("fork")  # no re-import (torch) per worker; the probes start no threads
+
+
+def lock_exclusion(path_a: str, path_b: str) -> bool:
+    """Does an exclusive fcntl lock taken through A stop a lock attempt through B?"""
+    holder = LockedRecord(path_a)
+    try:
+        _lock(holder._fd, _EXCLUSIVE)  # the kind of lock fsdist takes (OFD where the kernel has it)
+        ctx = _ctx()
+        result = ctx.Queue()
+        proc = ctx.Process(target=_try_lock, args=(path_b, result))
+        proc.start()
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+            return True  # it hung waiting for the lock: excluded
+        return bool(result.get(timeout=1))
+    finally:
+        holder.close()
+
+
+def _try_lock(path: str, result: Any) -> None:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        ofd_setlk = getattr(fcntl, "F_OFD_SETLK", None)
+        if ofd_setlk is not None:
+            fcntl.fcntl(fd, ofd_setlk, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+        else:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        result.put(False)  # got it while the other mount held it: no exclusion
+    except OSError as exc:
+        result.put(exc.errno in (errno.EAGAIN, errno.EACCES))
+    finally:
+        os.close(fd)
+
+
+def lost_updates(paths: list[str], increments: int = 2000, seconds: float = 1.0) -> LockResult:
+    """Processes (one per entry of ``paths``, all naming one file) add 1 to a lock-guarded
+    counter (fsdist's own ``Counter``) ``increments`` times each, stopping early at ``seconds``;
+    every increment that did not survive is a lost update."""
+    Counter(paths[0]).close()
+    ctx = _ctx()
+    done = ctx.Queue()
+    barrier = ctx.Barrier(len(paths))  # all start together, or a fast filesystem never races
+    start = time.monotonic()
+    procs = [ctx.Process(target=_increment, args=(p, increments, seconds, barrier, done)) for p in paths]
+    for proc in procs:
+        proc.start()
+    total = sum(int(done.get(timeout=seconds + 30)) for _ in procs)
+    for proc in procs:
+        proc.join(10)
+    elapsed = time.monotonic() - start
+    counter = Counter(paths[0])
+    try:
+        final = counter.get()
+    finally:
+        counter.close()
+    return LockResult(total, final, elapsed)
+
+
+def _increment(path: str, increments: int, seconds: float, barrier: Any, done: Any) -> None:
+    counter = Counter(path)
+    count = 0
+    try:
+        counter.get()  # open and warm the caches first, as a long-running rank would have
+        barrier.wait(10)
+        stop_at = time.monotonic() + seconds
+        while count < increments and time.monotonic() < stop_at:
+            counter.add(1)
+            count += 1
+    finally:
+        counter.close()
+        done.put(count)
+
+
+def rename_atomicity(dir_a: str, dir_b: str, size: int = 1 << 20, seconds: float = 0.5) -> tuple[int, int, int]:
+    """A writer republishes a file through A (temp + rename, each version one byte value)
+    while a reader reads it through B. Returns (reads, torn or short reads, ESTALE errors)."""
+    name = "rename-probe"
+    publish(dir_a, name, [bytes([0]) * size])
+    ctx = _ctx()
+    stop = ctx.Event()
+    writer = ctx.Process(target=_republish, args=(dir_a, name, size, stop))
+    writer.start()
+    reads = torn = stale = 0
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            try:
+                with open(os.path.join(dir_b, name), "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                torn += 1  # rename must never leave the name missing
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ESTALE:
+                    stale += 1
+                    continue
+                raise
+            reads += 1
+            if len(data) != size or data.count(data[:1]) != size:
+                torn += 1
+    finally:
+        stop.set()
+        writer.join(10)
+        unlink_quietly(os.path.join(dir_a, name))
+    return reads, torn, stale
+
+
+def _republish(directory: str, name: str, size: int, stop: Any) -> None:
+    version = 0
+    while not stop.is_set():
+        version = (version + 1) % 256
+        publish(directory, name, [bytes([version]) * size])
+
+
+def new_file_visibility(dir_a: str, dir_b: str, limit: float = 3.0) -> tuple[float | None, float | None]:
+    """Seconds until a file created through A is seen through B: by ``stat`` of its name
+    (after B looked the name up while it did not exist, as a naive waiter would) and by
+    listing the directory. None: not seen within ``limit``."""
+    results: list[float | None] = []
+    for how in ("stat", "listdir"):
+        name = f"new-{how}-{os.getpid()}-{time.monotonic_ns()}"
+        target = os.path.join(dir_b, name)
+        if how == "stat":
+            os.path.exists(target)  # primes a negative lookup cache where there is one
+        publish(dir_a, name, [b"x"])
+        start = time.monotonic()
+        seen: float | None = None
+        while time.monotonic() - start < limit:
+            if (os.path.exists(target)) if how == "stat" else (name in os.listdir(dir_b)):
+                seen = time.monotonic() - start
+                break
+            time.sleep(0.002)
+        results.append(seen)
+        unlink_quietly(os.path.join(dir_a, name))
+    return results[0], results[1]
+
+
+def rewrite_visibility(
+    path_a: str, path_b: str, rounds: int = 5, limit: float = 3.0
+) -> tuple[float | None, float | None]:
+    """Worst seconds until a value rewritten in place through A (under the lock) is read
+    through B: by a descriptor held open and read under a shared lock (what fsdist's state
+    records do), and by re-opening the file. None: some rewrite was not seen within ``limit``."""
+    writer = LockedRecord(path_a)
+    writer.write(_INT64.pack(0))
+    held = LockedRecord(path_b)
+    try:
+        held.read(0, 8)  # warm B's caches with the old value, as a long-lived reader has
+        worst: list[float | None] = [0.0, 0.0]
+        value = 0
+        for how in (0, 1):
+            for _ in range(rounds):
+                value += 1
+                writer.write(_INT64.pack(value))
+                took = _until_read(held if how == 0 else None, path_b, value, limit)
+                current = worst[how]
+                worst[how] = None if took is None or current is None else max(current, took)
+                if worst[how] is None:
+                    break  # one rewrite never seen says enough
+        return worst[0], worst[1]
+    finally:
+        writer.close()
+        held.close()
+
+
+def _until_read(held: LockedRecord | None, path: str, value: int, limit: float) -> float | None:
+    """Seconds until ``value`` is read under the lock (through ``held``, else a fresh open)."""
+    start = time.monotonic()
+    while time.monotonic() - start < limit:
+        if held is not None:
+            raw = held.read(0, 8)
+        else:
+            with LockedRecord(path, create=False) as fresh:
+                raw = fresh.read(0, 8)
+        if len(raw) == 8 and _INT64.unpack(raw)[0] == value:
+            return time.monotonic() - start
+        time.sleep(0.001)
+    return None

@@ -1,0 +1,283 @@
+"""What a run directory says about its job: who the ranks are, where each one is, who is late.
+
+Everything fsdist knows lives in files, so a job can be inspected from any machine that sees
+the directory, while it runs or after it crashed, without talking to any rank. This module only
+reads: the rendezvous file (members), each rank's heartbeat counter, each group's state records
+(position and description of the operation each rank is in or last finished), the groups'
+abort markers and the launcher's failure record. Records are read under a shared fcntl lock,
+as the ranks' own readers do, so on NFS they are as fresh as the ranks see them.
+
+Times ("since", heartbeat age) come from file modification times: each write of a state record
+or heartbeat updates its file's mtime. They are good enough for a display — on another machine
+they include the clock difference to the file server — and are never used for liveness
+decisions, which stay with the ranks themselves (``liveness.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..c10d.store import key_to_filename
+from ..defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS
+from ..files.io import open_file
+from ..files.locks import _SHARED, _UNLOCK, _lock
+from ..job.liveness import Identity, is_alive
+from ..protocol.rendezvous_record import RENDEZVOUS_FILE
+from ..transport.group import _DESC_OFFSET, _P2P_OFFSET, _STATE, _STATE_MAGIC, _STATE_VERSION, FLAG_CLOSED
+from .straggler import RankPosition, Straggler, find_straggler, holding_up, in_step_line, list_ranks
+
+__all__ = ["GROUP_RANKS_KEY", "GroupStatus", "MemberStatus", "RankPosition", "RunStatus", "Straggler", "read_status"]
+
+#: Store key under which a subgroup's rank 0 records the group's global ranks (a JSON list),
+#: followed by the group's directory name. The world group has none: its ranks are 0..N-1.
+GROUP_RANKS_KEY = "fsdist/group-ranks/"
+
+
+@dataclass
+class MemberStatus:
+    """One rank of the job, as the rendezvous file and its heartbeat show it."""
+
+    rank: int
+    host: str
+    pid: int
+    #: "alive" / "dead" (checked in /proc: same machine), "heartbeat" (another machine, beating),
+    #: "stalled" (another machine, no beat within the heartbeat limit), "unknown" (another
+    #: machine, no heartbeat file), "left" (shut down).
+    liveness: str
+    heartbeat_age_s: float | None
+    heartbeats: int | None
+
+
+@dataclass
+class GroupStatus:
+    """One process group's directory."""
+
+    name: str
+    directory: str
+    ranks: list[int] | None  # global ranks by group rank; None if unknown
+    positions: list[RankPosition]
+    abort: str | None
+    straggler: Straggler | None
+
+
+@dataclass
+class RunStatus:
+    """Everything ``fsdist status`` shows; ``to_json()`` is the ``--json`` form."""
+
+    directory: str
+    #: "none" (no job), "forming", "running", "finished" (every rank left), "crashed" (every rank
+    #: that has not left is dead; `fsdist clean DIR` removes it)
+    state: str
+    generation: str | None = None
+    world_size: int | None = None
+    members: list[MemberStatus] = field(default_factory=list)
+    groups: list[GroupStatus] = field(default_factory=list)
+    launcher_failure: dict[str, Any] | None = None
+    #: ranks that are behind in some group and wait in none: where a chain of waits ends
+    holding_up: list[int] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+    time: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain dicts and lists, as ``fsdist status --json`` prints them."""
+        return asdict(self)
+
+    def straggler(self) -> Straggler | None:
+        """The world group's straggler, else the first subgroup's."""
+        found = [g.straggler for g in self.groups if g.straggler is not None]
+        return found[0] if found else None
+
+
+def read_status(directory: str) -> RunStatus:
+    """Read ``directory`` (a run directory, as given to ``--dir`` or ``fsdist://``) into a RunStatus."""
+    directory = os.path.realpath(directory)
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{directory} is not a directory")
+    now = time.time()
+    status = RunStatus(directory=directory, state="none", time=now)
+    raw, _ = _read_locked(os.path.join(directory, RENDEZVOUS_FILE))
+    status.launcher_failure = _launcher_failure(directory)
+    if not raw:
+        status.summary.append(f"no job in {directory} (none started yet, or the last one finished cleanly)")
+        _add_failure_line(status)
+        return status
+    state = json.loads(raw)
+    status.generation = str(state["generation"])
+    status.world_size = int(state["world_size"])
+    members = {int(r): m for r, m in state.get("members", {}).items()}
+    gen_dir = os.path.join(directory, f"gen-{status.generation}")
+    status.members = [_member(gen_dir, r, m, now) for r, m in sorted(members.items())]
+    if not state.get("complete"):
+        status.state = "forming"
+        missing = sorted(set(range(status.world_size)) - set(members))
+        status.summary.append(
+            f"generation {status.generation} is forming: {len(members)} of {status.world_size} ranks joined"
+            + (f" (waiting for ranks {list_ranks(missing)})" if missing else "")
+        )
+    elif all(m.liveness == "left" for m in status.members):
+        status.state = "finished"
+    elif all(m.liveness in ("left", "dead") for m in status.members):
+        status.state = "crashed"
+    else:
+        status.state = "running"
+    status.groups = _groups(gen_dir, status.world_size, now)
+    for member in status.members:
+        if member.liveness in ("dead", "stalled"):
+            why = "is dead (its process is gone)" if member.liveness == "dead" else "stopped its heartbeat"
+            status.summary.append(f"rank {member.rank} (pid {member.pid} on {member.host}) {why}")
+    status.holding_up = holding_up([g.straggler for g in status.groups if g.ranks is not None])
+    world_late = next((g.straggler.ranks for g in status.groups if g.name == "world" and g.straggler), [])
+    if status.holding_up and status.holding_up != world_late:
+        one = len(status.holding_up) == 1
+        status.summary.append(
+            f"{'rank' if one else 'ranks'} {list_ranks(status.holding_up)} wait{'s' if one else ''} for no one, and "
+            f"the others wait for {'it' if one else 'them'} (directly or through other ranks): start there"
+        )
+    for group in status.groups:
+        where = "" if group.name == "world" else f" in group {group.name!r}"
+        if group.abort:
+            status.summary.append(f"group {group.name!r} was aborted: {group.abort}")
+        if group.straggler is not None:
+            status.summary.append(group.straggler.summary + where)
+    if status.state == "running" and not any(g.straggler or g.abort for g in status.groups):
+        status.summary.append(in_step_line(status.groups[0].positions if status.groups else []))
+    _add_failure_line(status)
+    return status
+
+
+# ---- members ------------------------------------------------------------------------------
+
+
+def _member(gen_dir: str, rank: int, data: dict[str, Any], now: float) -> MemberStatus:
+    who = Identity.from_json(data)
+    raw, mtime = _read_locked(os.path.join(gen_dir, f"heartbeat.r{rank}"))
+    # the counter file exists from the start, empty until the first beat (after a second)
+    beats = None if mtime is None else int.from_bytes(raw[:8], "little", signed=True) if len(raw) >= 8 else 0
+    age = max(0.0, now - mtime) if mtime is not None else None
+    alive = is_alive(who)
+    if data.get("left"):
+        liveness = "left"
+    elif alive is not None:
+        liveness = "alive" if alive else "dead"
+    else:
+        limit = float(os.environ.get(ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS))
+        liveness = "unknown" if age is None else "heartbeat" if age <= limit else "stalled"
+    return MemberStatus(rank, who.host, who.pid, liveness, age, beats)
+
+
+# ---- groups -------------------------------------------------------------------------------
+
+_STATE_FILE = re.compile(r"state\.r(\d+)$")
+
+
+def _groups(gen_dir: str, world_size: int, now: float) -> list[GroupStatus]:
+    groups_dir = os.path.join(gen_dir, "groups")
+    try:
+        names = sorted(os.listdir(groups_dir))
+    except FileNotFoundError:
+        return []
+    groups = []
+    for dirname in names:
+        path = os.path.join(groups_dir, dirname)
+        try:
+            files = os.listdir(path)
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # the group closed while we looked
+        count = max((int(m.group(1)) + 1 for f in files if (m := _STATE_FILE.match(f))), default=0)
+        ranks = _group_ranks(gen_dir, dirname)
+        name = _group_name(dirname)
+        if ranks is None and count == world_size and dirname.endswith(".0"):
+            ranks, name = list(range(world_size)), "world"
+        positions = [_position(path, r, ranks, now) for r in range(count)]
+        abort_raw, _ = _read_locked(os.path.join(path, "abort"))
+        abort = abort_raw.decode(errors="replace") if abort_raw else None
+        groups.append(GroupStatus(name, path, ranks, positions, abort, find_straggler(positions)))
+    groups.sort(key=lambda g: g.name != "world")
+    return groups
+
+
+def _group_ranks(gen_dir: str, dirname: str) -> list[int] | None:
+    raw, _ = _read_locked(os.path.join(gen_dir, "store", key_to_filename(GROUP_RANKS_KEY + dirname)), lock=False)
+    try:
+        return [int(r) for r in json.loads(raw)] if raw else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _group_name(dirname: str) -> str:
+    """``k.<escaped name>.<incarnation>`` back to the name torch gave the group."""
+    base, _, incarnation = dirname.rpartition(".")
+    if not base.startswith("k."):
+        return dirname  # a long name stored as its digest
+    name = re.sub(r"%([0-9A-F]{2})", lambda m: chr(int(m.group(1), 16)), base[2:])
+    return name if incarnation == "0" else f"{name} (#{incarnation})"
+
+
+def _position(group_dir: str, group_rank: int, ranks: list[int] | None, now: float) -> RankPosition:
+    raw, mtime = _read_locked(os.path.join(group_dir, f"state.r{group_rank}"), size=_P2P_OFFSET)
+    rank = ranks[group_rank] if ranks is not None and group_rank < len(ranks) else None
+    since = max(0.0, now - mtime) if mtime is not None else None
+    if len(raw) < _STATE.size:
+        return RankPosition(group_rank, rank, -1, 0, "(no record yet)", False, since)
+    magic, version, flags, seq, step, desc_len, _ = _STATE.unpack_from(raw)
+    if magic != _STATE_MAGIC or version != _STATE_VERSION:
+        return RankPosition(group_rank, rank, -1, 0, f"(not an fsdist v{_STATE_VERSION} record)", False, since)
+    desc = raw[_DESC_OFFSET : _DESC_OFFSET + desc_len].decode(errors="replace")
+    return RankPosition(group_rank, rank, seq, step, desc or "(no collective yet)", bool(flags & FLAG_CLOSED), since)
+
+
+# ---- the launcher -------------------------------------------------------------------------
+
+
+def _launcher_failure(directory: str) -> dict[str, Any] | None:
+    """The first failure a launcher recorded (``.launch/gen-*/abort``), if any."""
+    launch = os.path.join(directory, ".launch")
+    try:
+        names = [n for n in os.listdir(launch) if n.startswith("gen-")]
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    for name in sorted(names):
+        raw, _ = _read_locked(os.path.join(launch, name, "abort"))
+        if raw:
+            try:
+                return dict(json.loads(raw))
+            except ValueError:
+                return {"reason": raw.decode(errors="replace")}
+    return None
+
+
+def _add_failure_line(status: RunStatus) -> None:
+    failure = status.launcher_failure
+    if failure is not None:
+        who = "the launcher" if int(failure.get("rank", -1)) < 0 else f"rank {failure['rank']}"
+        what = failure.get("type") or ""
+        text = str(failure.get("message") or failure.get("reason") or "")
+        status.summary.append(f"the launcher recorded a failure of {who}: {what + ': ' if what else ''}{text}")
+
+
+# ---- reading --------------------------------------------------------------------------------
+
+
+def _read_locked(path: str, size: int | None = None, lock: bool = True) -> tuple[bytes, float | None]:
+    """The file's bytes (up to ``size``) and its mtime, read under a shared lock; (b"", None)
+    if it does not exist. Opens read-only: status never creates or changes a file."""
+    try:
+        fd = open_file(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return b"", None
+    try:
+        if lock:
+            _lock(fd, _SHARED)
+        try:
+            stat = os.fstat(fd)
+            return os.pread(fd, stat.st_size if size is None else size, 0), stat.st_mtime
+        finally:
+            if lock:
+                _lock(fd, _UNLOCK)
+    finally:
+        os.close(fd)

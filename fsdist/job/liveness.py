@@ -1,0 +1,166 @@
+"""Is a peer still alive? Process checks on this machine, heartbeats across machines.
+
+A rank is identified by host, pid, process start time and *machine*: the kernel's boot id plus
+the pid namespace. Two containers, or two nodes that happen to share a hostname, have
+different machine ids, so a pid is only ever looked up where it means something; the start
+time guards against pid reuse.
+
+On the same machine a dead process is noticed at once (``/proc``). Across machines each rank
+beats a heartbeat: a counter in ``heartbeat.r<rank>`` that a thread raises every
+``HEARTBEAT_SECONDS``, read under the lock (coherent on NFS, unlike mtimes). A peer whose
+counter has not moved for ``FSDIST_HEARTBEAT_TIMEOUT`` seconds (default 10) of this rank's own
+clock is declared dead; no clock synchronisation is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..defaults import ENV_HEARTBEAT_TIMEOUT, ENV_NODE_ID, HEARTBEAT_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
+from ..files.locks import Counter
+
+__all__ = ["Heartbeat", "Identity", "PeerWatch", "is_alive", "node_id", "this_process"]
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Enough to recognise a process: where it runs, its pid and when it started."""
+
+    host: str
+    pid: int
+    start_time: int
+    machine: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Identity:
+        return cls(
+            host=str(data["host"]),
+            pid=int(data["pid"]),
+            start_time=int(data["start_time"]),
+            machine=str(data.get("machine", "")),
+        )
+
+
+def hostname() -> str:
+    return os.uname().nodename
+
+
+def machine_id() -> str:
+    """Boot id and pid namespace: equal exactly when pids mean the same processes."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            boot_id = boot.read().strip()
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return hostname()
+    return f"{boot_id}/{namespace}"
+
+
+def node_id() -> str:
+    """Which machine this rank counts as for placement: ``FSDIST_NODE_ID``, else ``machine_id()``.
+
+    Only placement decisions read it (may the job keep its files on this machine?); liveness
+    always uses the real machine id, so an override never makes a pid mean another process.
+    """
+    return os.environ.get(ENV_NODE_ID) or machine_id()
+
+
+def this_process() -> Identity:
+    return Identity(hostname(), os.getpid(), _start_time(os.getpid()) or 0, machine_id())
+
+
+def is_alive(who: Identity) -> bool | None:
+    """True or False for a process on this machine; None when it runs elsewhere (unknowable here)."""
+    if who.host != hostname() or (who.machine and who.machine != machine_id()):
+        return None
+    start = _start_time(who.pid)
+    return start is not None and (who.start_time == 0 or start == who.start_time)
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None if it is gone or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+    except OSError:  # no /proc (not Linux): fall back to signal 0
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return 0
+    if fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+class Heartbeat:
+    """A daemon thread raising this rank's heartbeat counter every HEARTBEAT_SECONDS."""
+
+    def __init__(self, path: str) -> None:
+        self._counter = Counter(path)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fsdist-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self._counter.add(1)
+            except OSError:  # the directory went away at shutdown, or a transient error
+                if self._stop.is_set():
+                    return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._counter.close()
+
+
+class PeerWatch:
+    """Decides whether a peer is dead: by its process on this machine, by heartbeat elsewhere."""
+
+    def __init__(self, members: Sequence[Identity], heartbeat_paths: Sequence[str]) -> None:
+        self.members = list(members)
+        self._paths = list(heartbeat_paths)
+        self._counters: dict[int, Counter] = {}
+        self._last: dict[int, tuple[int, float]] = {}
+        self.timeout = float(os.environ.get(ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS))
+
+    def dead_reason(self, rank: int) -> str | None:
+        """None while ``rank`` seems alive, else why it is considered dead."""
+        who = self.members[rank]
+        alive = is_alive(who)
+        if alive is False:
+            return f"rank {rank} (pid {who.pid} on {who.host}) died"
+        if alive is True:
+            return None
+        counter = self._counters.get(rank)
+        if counter is None:
+            counter = self._counters[rank] = Counter(self._paths[rank])
+        beat, now = counter.get(), time.monotonic()
+        last = self._last.get(rank)
+        if last is None or beat != last[0]:
+            self._last[rank] = (beat, now)
+            return None
+        if now - last[1] > self.timeout:
+            return (
+                f"rank {rank} (pid {who.pid} on {who.host}) stopped its heartbeat: no beat for "
+                f"{now - last[1]:.1f} s (limit {self.timeout:.0f} s, {ENV_HEARTBEAT_TIMEOUT})"
+            )
+        return None
+
+    def close(self) -> None:
+        for counter in self._counters.values():
+            counter.close()

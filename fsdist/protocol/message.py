@@ -1,0 +1,187 @@
+"""The on-disk message format: a fixed binary header, part descriptors, raw bytes.
+
+A message is what one rank publishes in one step: one or more tensors ("parts"). Everything is
+plain little-endian integers and raw tensor bytes, readable on any machine; nothing is ever
+unpickled, because the shared directory is shared with other jobs and other users.
+
+Layout::
+
+    fixed header  <4s H H q q I H H>  magic "FSDM", version, part count, sequence, tag,
+                                      header length, description length, reserved
+    description   UTF-8 text saying what the sender was doing (checked by the reader)
+    parts         per part <B B 6x q q> dtype code, ndim, byte count, payload offset; ndim × <q>
+    crc32         <I> over everything above: a foreign or torn header is refused
+    payload       each part at its offset, 64-byte aligned
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import ProtocolError
+from ..files.io import open_file, read_exact
+
+MAGIC = b"FSDM"
+VERSION = 1
+ALIGN = 64
+_FIXED = struct.Struct("<4sHHqqIHH")
+_PART = struct.Struct("<BB6xqq")
+_DIM = struct.Struct("<q")
+_CRC = struct.Struct("<I")
+_FIRST_READ = 4096
+
+#: Wire codes of dtypes. Append only: a code, once given, never changes meaning.
+_DTYPES: list[torch.dtype] = [
+    torch.float32, torch.float64, torch.float16, torch.bfloat16,
+    torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool,
+    torch.complex64, torch.complex128,
+]  # fmt: skip
+for _name in ("uint16", "uint32", "uint64", "float8_e4m3fn", "float8_e5m2", "complex32"):
+    if hasattr(torch, _name):
+        _DTYPES.append(getattr(torch, _name))
+DTYPE_CODE = {dtype: code for code, dtype in enumerate(_DTYPES, start=1)}
+CODE_DTYPE = {code: dtype for dtype, code in DTYPE_CODE.items()}
+
+
+@dataclass(frozen=True)
+class Part:
+    """Where one tensor lies in a message file, and what it is."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    nbytes: int
+    offset: int
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The raw bytes of a contiguous CPU tensor, without a copy."""
+    flat = tensor.reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
+
+
+def encode(seq: int, tag: int, description: str, tensors: Sequence[torch.Tensor]) -> list[memoryview | bytes]:
+    """The buffers of a message file (header, then each tensor's bytes with alignment padding)."""
+    desc = description.encode()[:65535]
+    parts_size = sum(_PART.size + _DIM.size * t.dim() for t in tensors)
+    header_len = _FIXED.size + len(desc) + parts_size + _CRC.size
+    offset = _align(header_len)
+    pieces = [_FIXED.pack(MAGIC, VERSION, len(tensors), seq, tag, header_len, len(desc), 0), desc]
+    payload: list[memoryview | bytes] = []
+    for tensor in tensors:
+        code = DTYPE_CODE.get(tensor.dtype)
+        if code is None:
+            raise TypeError(f"fsdist cannot send tensors of dtype {tensor.dtype}")
+        nbytes = tensor.numel() * tensor.element_size()
+        pieces.append(_PART.pack(code, tensor.dim(), nbytes, offset))
+        pieces.extend(_DIM.pack(size) for size in tensor.shape)
+        payload.append(tensor_bytes(tensor))
+        padding = _align(offset + nbytes) - (offset + nbytes)
+        if padding:
+            payload.append(bytes(padding))
+        offset += nbytes + padding
+    header = b"".join(pieces)
+    header += _CRC.pack(zlib.crc32(header))
+    header += bytes(_align(header_len) - header_len)
+    return [header, *payload]
+
+
+class Message:
+    """An open, validated message file; parts are read straight into caller buffers."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd = open_file(path, os.O_RDONLY)
+        try:
+            self._parse_header()
+        except BaseException:
+            self.close()
+            raise
+
+    def _parse_header(self) -> None:
+        head = os.pread(self._fd, _FIRST_READ, 0)
+        if len(head) < _FIXED.size:
+            raise ProtocolError(f"{self.path}: {len(head)} bytes is too short for a message header")
+        magic, version, nparts, self.seq, self.tag, header_len, desc_len, _ = _FIXED.unpack_from(head)
+        if magic != MAGIC:
+            raise ProtocolError(f"{self.path} is not an fsdist message (magic {magic!r})")
+        if version != VERSION:
+            raise ProtocolError(f"{self.path} has message format version {version}; this fsdist reads {VERSION}")
+        if header_len > len(head):
+            buffer = bytearray(header_len)
+            read_exact(self._fd, memoryview(buffer), 0, self.path)
+            head = bytes(buffer)
+        (crc,) = _CRC.unpack_from(head, header_len - _CRC.size)
+        if zlib.crc32(head[: header_len - _CRC.size]) != crc:
+            raise ProtocolError(f"{self.path}: header checksum mismatch (corrupt or foreign file)")
+        pos = _FIXED.size
+        self.description = head[pos : pos + desc_len].decode(errors="replace")
+        pos += desc_len
+        self.parts: list[Part] = []
+        for _ in range(nparts):
+            code, ndim, nbytes, offset = _PART.unpack_from(head, pos)
+            pos += _PART.size
+            shape = tuple(_DIM.unpack_from(head, pos + i * _DIM.size)[0] for i in range(ndim))
+            pos += ndim * _DIM.size
+            if code not in CODE_DTYPE:
+                raise ProtocolError(f"{self.path}: unknown dtype code {code}")
+            self.parts.append(Part(CODE_DTYPE[code], shape, nbytes, offset))
+
+    def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
+        """Fill contiguous CPU ``dest`` from part ``index``, starting ``byte_offset`` into the part."""
+        part = self.parts[index]
+        want = dest.numel() * dest.element_size()
+        if byte_offset + want > part.nbytes:
+            raise ProtocolError(
+                f"{self.path}: part {index} holds {part.nbytes} bytes, asked for {want} at {byte_offset}"
+            )
+        if want:
+            read_exact(self._fd, tensor_bytes(dest), part.offset + byte_offset, self.path)
+
+    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
+        """Part ``index`` from ``byte_offset`` as a tensor shaped like ``like``, mapped, not copied.
+
+        For reductions: ``acc += mapped`` reads the peer's bytes once, where reading them into
+        a buffer first would copy them once more. The mapping is private (copy-on-write), so
+        nothing done to the tensor can reach the writer's file. It is never closed explicitly:
+        the tensor holds the mmap object, so the memory is unmapped exactly when the last view
+        of it dies (``mmap.close`` would unmap under a live tensor: torch keeps no buffer export).
+        """
+        part = self.parts[index]
+        want = like.numel() * like.element_size()
+        if byte_offset + want > part.nbytes or want == 0:
+            raise ProtocolError(
+                f"{self.path}: part {index} holds {part.nbytes} bytes, asked to map {want} at {byte_offset}"
+            )
+        start = part.offset + byte_offset
+        base = start - start % mmap.ALLOCATIONGRANULARITY
+        mapping = mmap.mmap(self._fd, start - base + want, access=mmap.ACCESS_COPY, offset=base)
+        view = torch.frombuffer(mapping, dtype=like.dtype, count=like.numel(), offset=start - base)
+        return view.view(like.shape)
+
+    def file_size(self) -> int:
+        """The file's size (a message written through a spare may be shorter than its file)."""
+        return os.fstat(self._fd).st_size
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> Message:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
