@@ -98,13 +98,14 @@ def modes_of_everything_in_the_run_directory() -> list[str]:
 
 
 def tensors_no_file_can_carry() -> list[str]:
-    """Meta and sparse tensors are refused before any communication; the group stays usable."""
+    """Meta tensors, and sparse ones outside all_reduce, are refused before any communication;
+    the group stays usable."""
     peer = (dist.get_rank() + 1) % dist.get_world_size()
     texts = [
         _error_text(lambda: dist.all_reduce(torch.ones(3, device="meta"))),
         _error_text(lambda: dist.broadcast(torch.ones(3, device="meta"), src=0)),
         _error_text(lambda: dist.send(torch.ones(3, device="meta"), peer)),
-        _error_text(lambda: dist.all_reduce(torch.ones(3).to_sparse())),
+        _error_text(lambda: dist.broadcast(torch.ones(3).to_sparse(), src=0)),  # all_reduce has sparse SUM
     ]
     after = torch.ones(2)
     dist.all_reduce(after)

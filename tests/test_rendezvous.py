@@ -11,7 +11,7 @@ import pytest
 from fsdist.c10d.init_methods import parse_url
 from fsdist.errors import RendezvousError
 from fsdist.job.rendezvous import rendezvous
-from fsdist.protocol.rendezvous_record import RENDEZVOUS_FILE
+from fsdist.protocol.layout import RENDEZVOUS_FILE
 
 import cases_init as cases
 from harness import RankPool

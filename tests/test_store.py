@@ -8,7 +8,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from fsdist.c10d.store import DirectoryStore, key_to_filename
+from fsdist.c10d.store import DirectoryStore
+from fsdist.protocol.layout import key_to_filename
 from fsdist.errors import FsdistTimeoutError
 
 from harness import run_forked
@@ -83,3 +84,11 @@ def test_add_is_atomic_across_processes(tmp_path) -> None:
     DirectoryStore(directory)
     assert run_forked(_adder, [(directory, 300)] * 4) == [0] * 4
     assert DirectoryStore(directory).get("counter") == b"1200"
+
+
+def test_a_key_file_name_turns_back_into_its_key() -> None:
+    from fsdist.protocol.layout import filename_to_key
+
+    for key in ["plain", "fsdist/group-ranks/k.0.0", "ümlaut and spaces", "../..", "%41"]:
+        assert filename_to_key(key_to_filename(key)) == key
+    assert filename_to_key(key_to_filename("x" * 500)) is None  # a digest name cannot be undone

@@ -25,9 +25,9 @@ from .. import collectives as coll
 from ..defaults import DEFAULT_TIMEOUT
 from ..errors import FsdistError
 from ..files.waiting import Deadline
-from ..inspect.status import GROUP_RANKS_KEY
+from ..job.generation import Generation
 from ..job.liveness import Heartbeat, PeerWatch
-from ..job.rendezvous import Generation
+from ..protocol import layout
 from ..transport.group import GroupTransport
 from ..transport.p2p import Mailbox, PendingReceive
 from . import call_forms as forms
@@ -37,7 +37,7 @@ from .debug import log_op, tensor_bytes
 from .describe import describe, reduction_of
 from .sparse import all_reduce_sparse, is_sparse
 from .staging import Staging, check_stageable
-from .store import DirectoryStore, key_to_filename
+from .store import DirectoryStore
 from .store_rendezvous import join_through_store, joined
 from .work import FsdistWork, OpQueue, ReceiveLoop
 
@@ -69,13 +69,13 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         # (the same on every member, which create groups in the same order) keeps them apart
         incarnation = generation.incarnations.get(group_id, 0)
         generation.incarnations[group_id] = incarnation + 1
-        directory = os.path.join(generation.directory, "groups", f"{key_to_filename(group_id)}.{incarnation}")
+        directory = layout.group_dir(generation.directory, group_id, incarnation)
         watch = PeerWatch(
             [generation.members[g] for g in global_ranks], [generation.heartbeat_path(g) for g in global_ranks]
         )
         self._t = GroupTransport(directory, rank, size, watch, timeout.total_seconds())
         if not owns_generation and rank == 0:  # `fsdist status` maps the group's ranks to the job's
-            store.set(GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(list(global_ranks)))
+            store.set(layout.GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(list(global_ranks)))
         #: per-operation debug records (FSDIST_DEBUG=1): decided once, so they cost nothing when off
         self._debug = debug_enabled()
         self._heartbeat = Heartbeat(generation.heartbeat_path(generation.rank)) if owns_generation else None
@@ -499,11 +499,11 @@ def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupFsdis
     elif global_ranks and joined() is not None:
         generation, owner = joined(), False
     else:  # the world group, or an fsdist group under another backend's world: its own generation
-        subdir = f"group.{key_to_filename(str(opts.group_id))}" if global_ranks else None
+        subdir = f"group.{layout.key_to_filename(str(opts.group_id))}" if global_ranks else None
         generation = join_through_store(opts.store, opts.group_rank, opts.group_size, timeout, subdir)
         owner, global_ranks = True, []
     if not isinstance(store, DirectoryStore) or store.generation is not generation:
-        store = DirectoryStore(os.path.join(generation.directory, "store"), timeout)  # fsdist's own records
+        store = DirectoryStore(layout.store_dir(generation.directory), timeout)  # fsdist's own records
     global_ranks = global_ranks or list(range(generation.world_size))
     return ProcessGroupFsdist(
         store, generation, opts.group_rank, opts.group_size, timeout, str(opts.group_id), global_ranks, owner

@@ -22,7 +22,9 @@ from typing import Any
 
 from ..defaults import DEFAULT_TIMEOUT, ENV_DIR, ENV_ENV_INIT
 from ..errors import RendezvousError
-from ..job.rendezvous import Generation, rendezvous
+from ..job.generation import Generation
+from ..job.rendezvous import rendezvous
+from ..protocol import layout
 from .store import DirectoryStore
 
 __all__ = ["env_handler", "fsdist_rendezvous_handler", "open_store", "parse_url", "serves_env_init"]
@@ -34,7 +36,7 @@ LIVE_STORES: list[DirectoryStore] = []
 
 def open_store(generation: Generation, timeout: timedelta) -> DirectoryStore:
     """The key-value store of ``generation``, carrying the generation for the backend to find."""
-    store = DirectoryStore(os.path.join(generation.directory, "store"), timeout)
+    store = DirectoryStore(layout.store_dir(generation.directory), timeout)
     store.generation = generation
     LIVE_STORES.append(store)
     generation.on_leave.append(lambda: LIVE_STORES.remove(store))

@@ -9,9 +9,7 @@ leave the directory, whatever the key contains.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import threading
 from datetime import timedelta
 from typing import Any
@@ -23,21 +21,9 @@ from ..errors import FsdistTimeoutError
 from ..files.io import make_private_dir, open_file, publish, retrying, unlink_quietly
 from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
+from ..protocol import layout
 
-__all__ = ["DirectoryStore", "key_to_filename"]
-
-_SAFE = re.compile(rb"[A-Za-z0-9_\-]")
-_MAX_NAME = 200
-
-
-def key_to_filename(key: str) -> str:
-    """An injective, path-safe file name for ``key`` (no '/', never '.' or '..')."""
-    raw = key.encode()
-    escaped = "".join(chr(b) if _SAFE.fullmatch(bytes([b])) else f"%{b:02X}" for b in raw)
-    name = "k." + escaped
-    if len(name) > _MAX_NAME:  # long keys: a digest keeps names within filesystem limits
-        name = "h." + hashlib.sha256(raw).hexdigest()
-    return name
+__all__ = ["DirectoryStore"]
 
 
 def _as_bytes(value: Any) -> bytes:
@@ -65,7 +51,7 @@ class DirectoryStore(dist.Store):
         if record is None:
             with self._opening:
                 if self._lock_record is None:
-                    self._lock_record = LockedRecord(os.path.join(self.directory, ".lock"))
+                    self._lock_record = LockedRecord(os.path.join(self.directory, layout.STORE_LOCK_FILE))
                 record = self._lock_record
         return record
 
@@ -138,7 +124,7 @@ class DirectoryStore(dist.Store):
             self._wait_value(key, deadline)
 
     def num_keys(self) -> int:
-        return sum(1 for name in os.listdir(self.directory) if name.startswith(("k.", "h.")))
+        return sum(1 for name in os.listdir(self.directory) if layout.is_store_key_file(name))
 
     def delete_key(self, key: str) -> bool:
         existed = False
@@ -170,7 +156,7 @@ class DirectoryStore(dist.Store):
     # ---- files --------------------------------------------------------------------------
 
     def _path(self, key: str) -> str:
-        return os.path.join(self.directory, key_to_filename(key))
+        return os.path.join(self.directory, layout.key_to_filename(key))
 
     def _read(self, key: str) -> bytes | None:
         # a value replaced by rename while it is read gives ESTALE on NFS: open it again
@@ -190,10 +176,10 @@ class DirectoryStore(dist.Store):
             os.close(fd)
 
     def _write(self, key: str, value: bytes) -> None:
-        publish(self.directory, key_to_filename(key), [value])
+        publish(self.directory, layout.key_to_filename(key), [value])
 
     def _wait_value(self, key: str, deadline: Deadline) -> bytes:
-        name = key_to_filename(key)
+        name = layout.key_to_filename(key)
 
         def attempt() -> bytes | None:
             value = self._read(key)

@@ -47,9 +47,10 @@ from ..files.io import make_private_dir, remove_tree
 from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
 from ..fs import guard
+from ..job.claim import claim, confirm, withdraw
+from ..job.generation import Generation
 from ..job.liveness import Identity, is_alive, node_id, this_process
-from ..job.rendezvous import Generation, claim, confirm, withdraw
-from ..protocol.rendezvous_record import RENDEZVOUS_FILE
+from ..protocol import layout
 from .compat import unwrap_store
 from .store import DirectoryStore
 
@@ -290,7 +291,7 @@ def _sweep(base: str, prefix: str) -> None:
     """Remove node-local run directories whose jobs died (a crash cannot remove its own)."""
     for name in os.listdir(base):
         path = os.path.join(base, name)
-        record = os.path.join(path, RENDEZVOUS_FILE)
+        record = os.path.join(path, layout.RENDEZVOUS_FILE)
         if not name.startswith(prefix) or not os.path.exists(record):
             continue
         try:

@@ -22,7 +22,8 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from ..defaults import ENV_DIR
-from ..job.rendezvous import Generation, rendezvous
+from ..job.generation import Generation
+from ..job.rendezvous import rendezvous
 from .init_methods import open_store
 
 

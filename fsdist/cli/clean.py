@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from ..errors import RendezvousError
-from ..job.rendezvous import clean
+from ..job.clean import clean
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

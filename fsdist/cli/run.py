@@ -25,7 +25,10 @@ from typing import Any
 
 from ..errors import RendezvousError
 from ..files.locks import LockedRecord
-from ..job.rendezvous import Generation, clean, rendezvous
+from ..job.clean import clean
+from ..job.generation import Generation
+from ..job.rendezvous import rendezvous
+from ..protocol import layout
 
 POLL_SECONDS = 0.1
 GRACE_SECONDS = 5.0
@@ -76,8 +79,8 @@ def run(args: argparse.Namespace) -> int:
     node_rank = args.node_rank if args.node_rank is not None else int(os.environ.get("SLURM_NODEID", "0"))
     directory = os.path.realpath(args.dir)
     world = nnodes * args.nproc_per_node
-    launch = rendezvous(os.path.join(directory, ".launch"), node_rank, nnodes, timedelta(seconds=args.timeout))
-    abort = LockedRecord(os.path.join(launch.directory, "abort"))
+    launch = rendezvous(os.path.join(directory, layout.LAUNCH_DIR), node_rank, nnodes, timedelta(seconds=args.timeout))
+    abort = LockedRecord(os.path.join(launch.directory, layout.ABORT_FILE))
     ranks = [_start(directory, launch, node_rank, local, args, world) for local in range(args.nproc_per_node)]
     stop_signal: list[int] = []
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -103,7 +106,7 @@ def _start(
     directory: str, launch: Generation, node_rank: int, local: int, args: argparse.Namespace, world: int
 ) -> Rank:
     rank = node_rank * args.nproc_per_node + local
-    error_file = os.path.join(launch.directory, f"error.r{rank}.json")
+    error_file = layout.error_file(launch.directory, rank)
     env = {
         **os.environ,
         "RANK": str(rank),

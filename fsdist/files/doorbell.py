@@ -33,11 +33,12 @@ _RETRY_OPEN_SECONDS = 1.0  # a peer whose FIFO could not be opened (another host
 class Doorbell:
     """This rank's FIFO (to wait on) and its peers' FIFOs (to ring)."""
 
-    def __init__(self, directory: str, rank: int, size: int, name: str = "wake") -> None:
-        self._directory = directory
-        self._name = name
+    def __init__(self, paths: list[str], rank: int) -> None:
+        """``paths``: every rank's FIFO (this rank's is made here); ``rank``: this rank."""
+        self._paths = paths
+        size = len(paths)
         self._fd = -1
-        path = self._path(rank)
+        path = paths[rank]
         try:
             os.mkfifo(path, FILE_MODE)
         except FileExistsError:
@@ -53,9 +54,6 @@ class Doorbell:
                 os.close(fd)
         self._peers: list[int] = [-1] * size
         self._retry_at = [0.0] * size
-
-    def _path(self, rank: int) -> str:
-        return os.path.join(self._directory, f"{self._name}.r{rank}")
 
     def ring(self, peers: Iterable[int]) -> None:
         """Wake ``peers`` if they wait (a full pipe already holds a wake-up: nothing lost)."""
@@ -79,7 +77,7 @@ class Doorbell:
         if now < self._retry_at[peer]:
             return -1
         try:
-            fd = os.open(self._path(peer), os.O_WRONLY | os.O_NONBLOCK | OPEN_FLAGS)
+            fd = os.open(self._paths[peer], os.O_WRONLY | os.O_NONBLOCK | OPEN_FLAGS)
         except OSError as exc:
             # ENXIO: nobody reads it on this host (a peer elsewhere, or one not started yet)
             if exc.errno not in (errno.ENXIO, errno.ENOENT, errno.ELOOP, errno.EACCES, errno.ENODEV):

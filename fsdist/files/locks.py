@@ -17,6 +17,7 @@ record serialises the threads that share its descriptor.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -24,16 +25,16 @@ import secrets
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from .io import open_file, retrying, unlink_quietly
 
 _OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", None)
 _FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: type, whence, start, len, pid (0 for OFD)
-_SHARED, _EXCLUSIVE, _UNLOCK = fcntl.F_RDLCK, fcntl.F_WRLCK, fcntl.F_UNLCK
+SHARED, EXCLUSIVE, UNLOCK = fcntl.F_RDLCK, fcntl.F_WRLCK, fcntl.F_UNLCK
 
 
-def _lock(fd: int, kind: int) -> None:
+def lock(fd: int, kind: int) -> None:
     """Lock (or unlock) the whole file: an OFD lock where available, else a POSIX one."""
     global _OFD_SETLKW
     while True:
@@ -41,7 +42,7 @@ def _lock(fd: int, kind: int) -> None:
             if _OFD_SETLKW is not None:
                 fcntl.fcntl(fd, _OFD_SETLKW, _FLOCK.pack(kind, os.SEEK_SET, 0, 0, 0))
             else:
-                posix = {_SHARED: fcntl.LOCK_SH, _EXCLUSIVE: fcntl.LOCK_EX, _UNLOCK: fcntl.LOCK_UN}[kind]
+                posix = {SHARED: fcntl.LOCK_SH, EXCLUSIVE: fcntl.LOCK_EX, UNLOCK: fcntl.LOCK_UN}[kind]
                 fcntl.lockf(fd, posix)
             return
         except OSError as exc:
@@ -53,7 +54,40 @@ def _lock(fd: int, kind: int) -> None:
                 raise
 
 
-__all__ = ["Counter", "LockedRecord"]
+__all__ = ["EXCLUSIVE", "SHARED", "UNLOCK", "Counter", "LockedRecord", "lock", "read_locked", "try_lock"]
+
+
+def try_lock(fd: int) -> bool:
+    """Take an exclusive lock without waiting: True if taken, False if another holder has one."""
+    try:
+        if _OFD_SETLKW is not None:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(EXCLUSIVE, os.SEEK_SET, 0, 0, 0))
+        else:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+def read_locked(path: str, size: int | None = None) -> tuple[bytes, float | None]:
+    """A record's bytes (up to ``size``) and its mtime, read under a shared lock through a
+    read-only descriptor; ``(b"", None)`` if it does not exist. For readers that must never
+    create or change a file (``fsdist status``)."""
+    try:
+        fd = open_file(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):
+        return b"", None
+    try:
+        lock(fd, SHARED)
+        try:
+            stat = os.fstat(fd)
+            return os.pread(fd, stat.st_size if size is None else size, 0), stat.st_mtime
+        finally:
+            lock(fd, UNLOCK)
+    finally:
+        os.close(fd)
 
 
 def _open_record(path: str, create: bool) -> int:
@@ -99,20 +133,20 @@ class LockedRecord:
     def read(self, offset: int = 0, size: int | None = None) -> bytes:
         """Read ``size`` bytes (or to the end) at ``offset`` under a shared lock."""
         with self._thread_lock:
-            _lock(self._fd, _SHARED)
+            lock(self._fd, SHARED)
             try:
                 return self._read_unlocked(offset, size)
             finally:
-                _lock(self._fd, _UNLOCK)
+                lock(self._fd, UNLOCK)
 
     def write(self, data: bytes, offset: int = 0) -> None:
         """Overwrite ``len(data)`` bytes at ``offset`` under an exclusive lock."""
         with self._thread_lock:
-            _lock(self._fd, _EXCLUSIVE)
+            lock(self._fd, EXCLUSIVE)
             try:
                 self._write_unlocked(data, offset)
             finally:
-                _lock(self._fd, _UNLOCK)
+                lock(self._fd, UNLOCK)
 
     def update(self, change: Callable[[bytes], bytes | None]) -> bytes:
         """Replace the whole content with ``change(old)`` atomically; ``None`` keeps it.
@@ -120,7 +154,7 @@ class LockedRecord:
         Returns the content in force afterwards. This is the compare-and-set building block.
         """
         with self._thread_lock:
-            _lock(self._fd, _EXCLUSIVE)
+            lock(self._fd, EXCLUSIVE)
             try:
                 old = self._read_unlocked(0, None)
                 new = change(old)
@@ -131,7 +165,7 @@ class LockedRecord:
                     retrying(lambda: os.ftruncate(self._fd, len(new)))
                 return new
             finally:
-                _lock(self._fd, _UNLOCK)
+                lock(self._fd, UNLOCK)
 
     def _read_unlocked(self, offset: int, size: int | None) -> bytes:
         if size is None:
@@ -151,6 +185,16 @@ class LockedRecord:
         if written != len(data):
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
 
+    @contextlib.contextmanager
+    def held(self, kind: int = EXCLUSIVE) -> Iterator[None]:
+        """Hold the lock for a while (a probe testing that it excludes others)."""
+        with self._thread_lock:
+            lock(self._fd, kind)
+            try:
+                yield
+            finally:
+                lock(self._fd, UNLOCK)
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -167,10 +211,20 @@ _INT64 = struct.Struct("<q")
 
 
 class Counter:
-    """A 64-bit integer in a file, changed only under the lock (get / add / compare-and-set)."""
+    """A 64-bit integer in a file, changed only under the lock (get / add / compare-and-set).
+
+    The file holds the value as 8 bytes, little-endian, signed; empty means 0."""
 
     def __init__(self, path: str) -> None:
         self._record = LockedRecord(path)
+
+    @staticmethod
+    def encode(value: int) -> bytes:
+        return _INT64.pack(value)
+
+    @staticmethod
+    def decode(raw: bytes) -> int:
+        return _decode(raw)
 
     def get(self) -> int:
         return _decode(self._record.read(0, 8))
@@ -188,6 +242,12 @@ class Counter:
     def close(self) -> None:
         self._record.close()
 
+    def __enter__(self) -> Counter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 def _decode(raw: bytes) -> int:
-    return _INT64.unpack(raw[:8])[0] if len(raw) >= 8 else 0
+    return int(_INT64.unpack(raw[:8])[0]) if len(raw) >= 8 else 0

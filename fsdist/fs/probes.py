@@ -10,16 +10,14 @@ This is a focused probe, not the lock benchmark (``fsdist bench locks``).
 from __future__ import annotations
 
 import errno
-import fcntl
 import multiprocessing as mp
 import os
-import struct
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..files.io import publish, unlink_quietly
-from ..files.locks import _EXCLUSIVE, _FLOCK, Counter, LockedRecord, _lock
+from ..files.locks import Counter, LockedRecord, try_lock
 
 __all__ = [
     "LockResult",
@@ -29,8 +27,6 @@ __all__ = [
     "rename_atomicity",
     "rewrite_visibility",
 ]
-
-_INT64 = struct.Struct("<q")
 
 
 @dataclass(frozen=True)
@@ -50,9 +46,7 @@ def _ctx() -> Any:
 
 def lock_exclusion(path_a: str, path_b: str) -> bool:
     """Does an exclusive fcntl lock taken through A stop a lock attempt through B?"""
-    holder = LockedRecord(path_a)
-    try:
-        _lock(holder._fd, _EXCLUSIVE)  # the kind of lock fsdist takes (OFD where the kernel has it)
+    with LockedRecord(path_a) as holder, holder.held():  # the kind of lock fsdist takes (OFD where it can)
         ctx = _ctx()
         result = ctx.Queue()
         proc = ctx.Process(target=_try_lock, args=(path_b, result))
@@ -63,19 +57,12 @@ def lock_exclusion(path_a: str, path_b: str) -> bool:
             proc.join()
             return True  # it hung waiting for the lock: excluded
         return bool(result.get(timeout=1))
-    finally:
-        holder.close()
 
 
 def _try_lock(path: str, result: Any) -> None:
     fd = os.open(path, os.O_RDWR)
     try:
-        ofd_setlk = getattr(fcntl, "F_OFD_SETLK", None)
-        if ofd_setlk is not None:
-            fcntl.fcntl(fd, ofd_setlk, _FLOCK.pack(fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
-        else:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        result.put(False)  # got it while the other mount held it: no exclusion
+        result.put(not try_lock(fd))  # taken while the other mount held it: no exclusion
     except OSError as exc:
         result.put(exc.errno in (errno.EAGAIN, errno.EACCES))
     finally:
@@ -192,7 +179,7 @@ def rewrite_visibility(
     through B: by a descriptor held open and read under a shared lock (what fsdist's state
     records do), and by re-opening the file. None: some rewrite was not seen within ``limit``."""
     writer = LockedRecord(path_a)
-    writer.write(_INT64.pack(0))
+    writer.write(Counter.encode(0))
     held = LockedRecord(path_b)
     try:
         held.read(0, 8)  # warm B's caches with the old value, as a long-lived reader has
@@ -201,7 +188,7 @@ def rewrite_visibility(
         for how in (0, 1):
             for _ in range(rounds):
                 value += 1
-                writer.write(_INT64.pack(value))
+                writer.write(Counter.encode(value))
                 took = _until_read(held if how == 0 else None, path_b, value, limit)
                 current = worst[how]
                 worst[how] = None if took is None or current is None else max(current, took)
@@ -222,7 +209,7 @@ def _until_read(held: LockedRecord | None, path: str, value: int, limit: float) 
         else:
             with LockedRecord(path, create=False) as fresh:
                 raw = fresh.read(0, 8)
-        if len(raw) == 8 and _INT64.unpack(raw)[0] == value:
+        if len(raw) == 8 and Counter.decode(raw) == value:
             return time.monotonic() - start
         time.sleep(0.001)
     return None

@@ -17,25 +17,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..c10d.store import key_to_filename
 from ..defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS
-from ..files.io import open_file
-from ..files.locks import _SHARED, _UNLOCK, _lock
+from ..errors import ProtocolError, RendezvousError
+from ..files.locks import Counter, read_locked
 from ..job.liveness import Identity, is_alive
-from ..protocol.rendezvous_record import RENDEZVOUS_FILE
-from ..transport.group import _DESC_OFFSET, _P2P_OFFSET, _STATE, _STATE_MAGIC, _STATE_VERSION, FLAG_CLOSED
+from ..protocol import layout, rendezvous_record, state_record
 from .straggler import RankPosition, Straggler, find_straggler, holding_up, in_step_line, list_ranks
 
-__all__ = ["GROUP_RANKS_KEY", "GroupStatus", "MemberStatus", "RankPosition", "RunStatus", "Straggler", "read_status"]
-
-#: Store key under which a subgroup's rank 0 records the group's global ranks (a JSON list),
-#: followed by the group's directory name. The world group has none: its ranks are 0..N-1.
-GROUP_RANKS_KEY = "fsdist/group-ranks/"
+__all__ = ["GroupStatus", "MemberStatus", "RankPosition", "RunStatus", "Straggler", "read_status"]
 
 
 @dataclass
@@ -100,17 +93,21 @@ def read_status(directory: str) -> RunStatus:
         raise FileNotFoundError(f"{directory} is not a directory")
     now = time.time()
     status = RunStatus(directory=directory, state="none", time=now)
-    raw, _ = _read_locked(os.path.join(directory, RENDEZVOUS_FILE))
+    raw, _ = read_locked(os.path.join(directory, layout.RENDEZVOUS_FILE))
     status.launcher_failure = _launcher_failure(directory)
-    if not raw:
+    try:
+        state = rendezvous_record.parse(raw)
+    except RendezvousError as exc:
+        status.summary.append(f"{os.path.join(directory, layout.RENDEZVOUS_FILE)}: {exc}")
+        return status
+    if not state:
         status.summary.append(f"no job in {directory} (none started yet, or the last one finished cleanly)")
         _add_failure_line(status)
         return status
-    state = json.loads(raw)
-    status.generation = str(state["generation"])
-    status.world_size = int(state["world_size"])
-    members = {int(r): m for r, m in state.get("members", {}).items()}
-    gen_dir = os.path.join(directory, f"gen-{status.generation}")
+    status.generation = state["generation"]
+    status.world_size = state["world_size"]
+    members = {int(r): m for r, m in state["members"].items()}
+    gen_dir = layout.generation_dir(directory, status.generation)
     status.members = [_member(gen_dir, r, m, now) for r, m in sorted(members.items())]
     if not state.get("complete"):
         status.state = "forming"
@@ -155,9 +152,9 @@ def read_status(directory: str) -> RunStatus:
 
 def _member(gen_dir: str, rank: int, data: dict[str, Any], now: float) -> MemberStatus:
     who = Identity.from_json(data)
-    raw, mtime = _read_locked(os.path.join(gen_dir, f"heartbeat.r{rank}"))
+    raw, mtime = read_locked(layout.heartbeat_file(gen_dir, rank))
     # the counter file exists from the start, empty until the first beat (after a second)
-    beats = None if mtime is None else int.from_bytes(raw[:8], "little", signed=True) if len(raw) >= 8 else 0
+    beats = None if mtime is None else Counter.decode(raw)
     age = max(0.0, now - mtime) if mtime is not None else None
     alive = is_alive(who)
     if data.get("left"):
@@ -172,11 +169,9 @@ def _member(gen_dir: str, rank: int, data: dict[str, Any], now: float) -> Member
 
 # ---- groups -------------------------------------------------------------------------------
 
-_STATE_FILE = re.compile(r"state\.r(\d+)$")
-
 
 def _groups(gen_dir: str, world_size: int, now: float) -> list[GroupStatus]:
-    groups_dir = os.path.join(gen_dir, "groups")
+    groups_dir = layout.groups_dir(gen_dir)
     try:
         names = sorted(os.listdir(groups_dir))
     except FileNotFoundError:
@@ -188,13 +183,13 @@ def _groups(gen_dir: str, world_size: int, now: float) -> list[GroupStatus]:
             files = os.listdir(path)
         except (FileNotFoundError, NotADirectoryError):
             continue  # the group closed while we looked
-        count = max((int(m.group(1)) + 1 for f in files if (m := _STATE_FILE.match(f))), default=0)
+        count = max((r + 1 for f in files if (r := layout.state_file_rank(f)) is not None), default=0)
         ranks = _group_ranks(gen_dir, dirname)
         name = _group_name(dirname)
         if ranks is None and count == world_size and dirname.endswith(".0"):
             ranks, name = list(range(world_size)), "world"
         positions = [_position(path, r, ranks, now) for r in range(count)]
-        abort_raw, _ = _read_locked(os.path.join(path, "abort"))
+        abort_raw, _ = read_locked(os.path.join(path, layout.ABORT_FILE))
         abort = abort_raw.decode(errors="replace") if abort_raw else None
         groups.append(GroupStatus(name, path, ranks, positions, abort, find_straggler(positions)))
     groups.sort(key=lambda g: g.name != "world")
@@ -202,7 +197,12 @@ def _groups(gen_dir: str, world_size: int, now: float) -> list[GroupStatus]:
 
 
 def _group_ranks(gen_dir: str, dirname: str) -> list[int] | None:
-    raw, _ = _read_locked(os.path.join(gen_dir, "store", key_to_filename(GROUP_RANKS_KEY + dirname)), lock=False)
+    key_file = layout.key_to_filename(layout.GROUP_RANKS_KEY + dirname)
+    try:  # published whole by rename: no lock needed
+        with open(os.path.join(layout.store_dir(gen_dir), key_file), "rb") as published:
+            raw = published.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
     try:
         return [int(r) for r in json.loads(raw)] if raw else None
     except (ValueError, TypeError):
@@ -212,23 +212,25 @@ def _group_ranks(gen_dir: str, dirname: str) -> list[int] | None:
 def _group_name(dirname: str) -> str:
     """``k.<escaped name>.<incarnation>`` back to the name torch gave the group."""
     base, _, incarnation = dirname.rpartition(".")
-    if not base.startswith("k."):
+    name = layout.filename_to_key(base)
+    if name is None:
         return dirname  # a long name stored as its digest
-    name = re.sub(r"%([0-9A-F]{2})", lambda m: chr(int(m.group(1), 16)), base[2:])
     return name if incarnation == "0" else f"{name} (#{incarnation})"
 
 
 def _position(group_dir: str, group_rank: int, ranks: list[int] | None, now: float) -> RankPosition:
-    raw, mtime = _read_locked(os.path.join(group_dir, f"state.r{group_rank}"), size=_P2P_OFFSET)
+    path = layout.state_file(group_dir, group_rank)
+    raw, mtime = read_locked(path, size=state_record.HEADER_SIZE)
     rank = ranks[group_rank] if ranks is not None and group_rank < len(ranks) else None
     since = max(0.0, now - mtime) if mtime is not None else None
-    if len(raw) < _STATE.size:
+    try:
+        state = state_record.decode(raw, path)
+    except ProtocolError:
+        return RankPosition(group_rank, rank, -1, 0, f"(not an fsdist v{state_record.VERSION} record)", False, since)
+    if state is state_record.NOT_STARTED:
         return RankPosition(group_rank, rank, -1, 0, "(no record yet)", False, since)
-    magic, version, flags, seq, step, desc_len, _ = _STATE.unpack_from(raw)
-    if magic != _STATE_MAGIC or version != _STATE_VERSION:
-        return RankPosition(group_rank, rank, -1, 0, f"(not an fsdist v{_STATE_VERSION} record)", False, since)
-    desc = raw[_DESC_OFFSET : _DESC_OFFSET + desc_len].decode(errors="replace")
-    return RankPosition(group_rank, rank, seq, step, desc or "(no collective yet)", bool(flags & FLAG_CLOSED), since)
+    what = state.description or "(no collective yet)"
+    return RankPosition(group_rank, rank, state.seq, state.step, what, state.closed, since)
 
 
 # ---- the launcher -------------------------------------------------------------------------
@@ -236,13 +238,13 @@ def _position(group_dir: str, group_rank: int, ranks: list[int] | None, now: flo
 
 def _launcher_failure(directory: str) -> dict[str, Any] | None:
     """The first failure a launcher recorded (``.launch/gen-*/abort``), if any."""
-    launch = os.path.join(directory, ".launch")
+    launch = os.path.join(directory, layout.LAUNCH_DIR)
     try:
-        names = [n for n in os.listdir(launch) if n.startswith("gen-")]
+        names = [n for n in os.listdir(launch) if layout.is_generation_dir(n)]
     except (FileNotFoundError, NotADirectoryError):
         return None
     for name in sorted(names):
-        raw, _ = _read_locked(os.path.join(launch, name, "abort"))
+        raw, _ = read_locked(os.path.join(launch, name, layout.ABORT_FILE))
         if raw:
             try:
                 return dict(json.loads(raw))
@@ -258,26 +260,3 @@ def _add_failure_line(status: RunStatus) -> None:
         what = failure.get("type") or ""
         text = str(failure.get("message") or failure.get("reason") or "")
         status.summary.append(f"the launcher recorded a failure of {who}: {what + ': ' if what else ''}{text}")
-
-
-# ---- reading --------------------------------------------------------------------------------
-
-
-def _read_locked(path: str, size: int | None = None, lock: bool = True) -> tuple[bytes, float | None]:
-    """The file's bytes (up to ``size``) and its mtime, read under a shared lock; (b"", None)
-    if it does not exist. Opens read-only: status never creates or changes a file."""
-    try:
-        fd = open_file(path, os.O_RDONLY)
-    except (FileNotFoundError, NotADirectoryError):
-        return b"", None
-    try:
-        if lock:
-            _lock(fd, _SHARED)
-        try:
-            stat = os.fstat(fd)
-            return os.pread(fd, stat.st_size if size is None else size, 0), stat.st_mtime
-        finally:
-            if lock:
-                _lock(fd, _UNLOCK)
-    finally:
-        os.close(fd)

@@ -16,109 +16,29 @@ The file holds JSON, never pickle: the directory is shared with other users.
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import json
 import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from ..defaults import DEFAULT_TIMEOUT, RENDEZVOUS_NOTE_SECONDS, SHARED_DIR_GRACE_SECONDS
-from ..errors import FsdistError, RendezvousError
-from ..files.io import make_private_dir, remove_tree, unlink_quietly
+from ..defaults import DEFAULT_TIMEOUT, RENDEZVOUS_NOTE_SECONDS
+from ..errors import RendezvousError
+from ..files.io import make_private_dir
 from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
 from ..fs import guard
-from ..protocol.rendezvous_record import (
-    RENDEZVOUS_FILE,
-    conflict_message,
-    judge,
-    judge_previous,
-    mark_refused,
-    new_generation,
-    parse,
-    retire_own_stale_entries,
-    staying,
-)
-from .liveness import Identity, is_alive, this_process
+from ..protocol import layout
+from ..protocol.rendezvous_record import conflict_message, mark_refused, parse, retire_own_stale_entries
+from .generation import Generation
+from .judge import judge, new_generation, staying
+from .liveness import Identity, this_process
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Generation", "claim", "clean", "confirm", "rendezvous", "withdraw"]
-
-
-@dataclass
-class Generation:
-    """One formed job: its directory, this rank, and who every rank is."""
-
-    root: str
-    generation_id: str
-    directory: str
-    rank: int
-    world_size: int
-    members: list[Identity]
-    #: The root exists for this job alone (beside a FileStore's file, or node-local): the last
-    #: rank out removes it too.
-    owns_root: bool = False
-    #: How many groups of each name this process has created (see ProcessGroupFsdist).
-    incarnations: dict[str, int] = field(default_factory=dict)
-    #: Called once this rank has left (init methods release what they keep alive for torch).
-    on_leave: list[Callable[[], None]] = field(default_factory=list)
-    left: bool = False
-
-    def __post_init__(self) -> None:
-        # A group of another backend formed through fsdist's directory (env:// under `fsdist
-        # run` serves Gloo too) is destroyed without telling fsdist: leave at exit at the latest
-        atexit.register(self._leave_at_exit)
-
-    def _leave_at_exit(self) -> None:
-        try:
-            self.leave()
-        except (OSError, FsdistError) as exc:  # the directory may be gone already: best effort
-            log.debug("fsdist: could not leave generation %s at exit: %s", self.generation_id, exc)
-
-    def heartbeat_path(self, rank: int) -> str:
-        return os.path.join(self.directory, f"heartbeat.r{rank}")
-
-    def leave(self) -> None:
-        """Mark this rank as gone; the last rank out removes the generation and empties the file.
-
-        Leaving is recorded in the rendezvous file itself, so a rank that starts the next job
-        while its peers are still shutting down sees a job that is ending, not a live one.
-        Leaving twice is leaving once.
-        """
-        if self.left:
-            return
-        self.left = True
-        atexit.unregister(self._leave_at_exit)
-        emptied = False
-
-        def mark(old: bytes) -> bytes | None:
-            state = parse(old)
-            if state.get("generation") != self.generation_id:
-                return None  # already replaced (we were presumed dead): nothing of ours is left
-            state["members"][str(self.rank)]["left"] = True
-            if all(m.get("left") for m in state["members"].values()):
-                nonlocal emptied
-                emptied = True
-                remove_tree(self.directory)
-                return b""
-            return json.dumps(state).encode()
-
-        with LockedRecord(os.path.join(self.root, RENDEZVOUS_FILE)) as record:
-            record.update(mark)
-        if emptied and self.owns_root:  # closed first: on NFS an open file would stay as .nfsXXXX
-            unlink_quietly(os.path.join(self.root, RENDEZVOUS_FILE))
-            with contextlib.suppress(OSError):
-                os.rmdir(self.root)
-        for callback in self.on_leave:
-            callback()
-        self.on_leave.clear()
+__all__ = ["Generation", "rendezvous"]
 
 
 def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta = DEFAULT_TIMEOUT) -> Generation:
@@ -132,7 +52,7 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
     make_private_dir(root)
     me = {**this_process().to_json(), "nonce": secrets.token_hex(8), **guard.describe_client(root)}
     guard.refuse_known_multinode(root, me, world_size)
-    record = LockedRecord(os.path.join(root, RENDEZVOUS_FILE))
+    record = LockedRecord(os.path.join(root, layout.RENDEZVOUS_FILE))
     warned: set[str] = set()
     try:
         state: dict[str, Any] = {}
@@ -177,7 +97,7 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
             nonlocal record
             if me["fs_hazard"]:  # a held descriptor may never see other clients' writes here
                 record.close()
-                record = LockedRecord(os.path.join(root, RENDEZVOUS_FILE))
+                record = LockedRecord(os.path.join(root, layout.RENDEZVOUS_FILE))
             try:
                 record.update(join)
                 if conflict:
@@ -220,139 +140,6 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
         record.close()
     rank = slot
     members = [Identity.from_json(final["members"][str(r)]) for r in range(world_size)]
-    directory = os.path.join(root, f"gen-{final['generation']}")
+    directory = layout.generation_dir(root, final["generation"])
     log.debug("rank %d joined generation %s in %s", rank, final["generation"], root)
     return Generation(root, final["generation"], directory, rank, world_size, members)
-
-
-def claim(root: str, members: list[dict[str, Any]], timeout: timedelta, owns_root: bool = False) -> Generation:
-    """Record a fresh, complete generation of ``members`` (already agreed elsewhere) in ``root``.
-
-    Rank 0 of a job that met through a torch store calls this: the store decided who the
-    members are, so nobody joins here; the directory only has to hold no other live job.
-    Returns rank 0's view of the generation.
-    """
-    root = os.path.realpath(root)
-    make_private_dir(root)
-    world_size = len(members)
-    state: dict[str, Any] = {}
-    conflict: list[RendezvousError] = []
-
-    def take(old: bytes) -> bytes | None:
-        nonlocal state
-        previous = parse(old)
-        try:
-            verdict = judge_previous(previous, world_size) if previous else "replace"
-        except RendezvousError as exc:
-            if previous.get("complete"):
-                raise  # never disturb a running job
-            previous["conflict"] = conflict_message(previous, 0, world_size, members[0])  # fail its ranks too
-            conflict.append(exc)
-            return json.dumps(previous).encode()
-        if verdict != "replace":
-            return None  # the previous job is leaving: wait for its last member
-        state = new_generation(root, world_size, previous)
-        state["members"] = {str(r): m for r, m in enumerate(members)}
-        state["complete"] = True
-        return json.dumps(state).encode()
-
-    def taken() -> bool | None:
-        record.update(take)
-        if conflict:
-            raise conflict[0]
-        return True if state else None
-
-    with LockedRecord(os.path.join(root, RENDEZVOUS_FILE)) as record:
-        poll(
-            taken,
-            Deadline(timeout.total_seconds()),
-            lambda: RendezvousError(f"the previous job in {root} did not finish leaving within {timeout}"),
-        )
-    generation = state["generation"]
-    identities = [Identity.from_json(m) for m in members]
-    directory = os.path.join(root, f"gen-{generation}")
-    return Generation(root, generation, directory, 0, world_size, identities, owns_root=owns_root)
-
-
-def confirm(
-    root: str, generation_id: str, rank: int, nonce: str, grace: float = SHARED_DIR_GRACE_SECONDS
-) -> Generation:
-    """Find in ``root`` the generation rank 0 claimed, with this rank (``nonce``) in slot ``rank``.
-
-    Seeing it proves that this rank's ``root`` is rank 0's directory: a record read under the
-    lock is coherent across clients, so it shows up at once; ``grace`` covers slow servers.
-    """
-    root = os.path.realpath(root)
-    path = os.path.join(root, RENDEZVOUS_FILE)
-    end = time.monotonic() + grace
-    seen = "no such file"
-    while True:
-        try:
-            with LockedRecord(path, create=False) as record:
-                state = parse(record.read())
-            member = state.get("members", {}).get(str(rank), {})
-            if state.get("generation") == generation_id and member.get("nonce") == nonce:
-                identities = [Identity.from_json(state["members"][str(r)]) for r in range(state["world_size"])]
-                directory = os.path.join(root, f"gen-{generation_id}")
-                return Generation(root, generation_id, directory, rank, state["world_size"], identities)
-            seen = f"generation {state.get('generation')}" if state else "an empty record"
-        except FileNotFoundError:
-            seen = "no such file"
-        if time.monotonic() >= end:
-            raise RendezvousError(
-                f"rank {rank}: {path} shows {seen}, not generation {generation_id} that rank 0 recorded in "
-                f"its run directory {grace:.0f} s ago: this rank's directory is not the one rank 0 uses. "
-                "Point every rank at one directory on a filesystem they all mount (FSDIST_DIR)"
-            )
-        time.sleep(0.05)
-
-
-def withdraw(generation: Generation) -> None:
-    """Undo ``claim`` after the job failed to form: its members never start, so they all leave."""
-
-    def drop(old: bytes) -> bytes | None:
-        if parse(old).get("generation") != generation.generation_id:
-            return None
-        remove_tree(generation.directory)
-        return b""
-
-    with LockedRecord(os.path.join(generation.root, RENDEZVOUS_FILE)) as record:
-        record.update(drop)
-    if generation.owns_root:
-        unlink_quietly(os.path.join(generation.root, RENDEZVOUS_FILE))
-        with contextlib.suppress(OSError):
-            os.rmdir(generation.root)
-
-
-def clean(root: str, force: bool = False) -> list[str]:
-    """Remove every generation a dead job left in ``root``.
-
-    Refuses while a member is alive on this host, or (unless ``force``) runs on another host,
-    where this host cannot tell whether it is alive.
-    """
-    removed: list[str] = []
-    path = os.path.join(root, RENDEZVOUS_FILE)
-    if not os.path.exists(path):
-        return removed
-    with LockedRecord(path) as record:
-
-        def wipe(old: bytes) -> bytes:
-            state = parse(old)
-            for member in state.get("members", {}).values():
-                who = Identity.from_json(member)
-                alive = is_alive(who)
-                if member.get("left") or alive is False or (alive is None and force):
-                    continue
-                hint = "stop it before cleaning" if alive else "use --force if that job is dead"
-                raise RendezvousError(
-                    f"a job may be alive in {root} (pid {who.pid} on {who.host}, generation "
-                    f"{state['generation']}): {hint}"
-                )
-            for name in os.listdir(root):
-                if name.startswith("gen-"):
-                    remove_tree(os.path.join(root, name))
-                    removed.append(name)
-            return b""
-
-        record.update(wipe)
-    return removed

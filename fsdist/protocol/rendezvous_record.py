@@ -1,46 +1,72 @@
-"""The rendezvous record ``DIR/fsdist-rendezvous.json``: its format, and the rules for judging it.
+"""The rendezvous record ``DIR/fsdist-rendezvous.json``: its format, parsed and checked.
 
-One JSON object, read and written only under an fcntl lock (rendezvous.py does the locking)::
+One JSON object, read and written only under an fcntl lock (job/ does the locking)::
 
     {"format": 1, "generation": "<16 hex>", "world_size": N, "complete": bool,
-     "members": {"<rank>": {"host", "pid", "start_time", "machine", "nonce", "client",
-                            "fs_hazard", "fs_local_hazard", "left"?, "refused"?}},
+     "members": {"<rank>": {"host": str, "pid": int, "start_time": int, "machine": str,
+                            "nonce": str, "client"?: str, "fs_hazard"?: str,
+                            "fs_local_hazard"?: str, "left"?: bool, "refused"?: str, ...}},
      "conflict"?: "<why every member must fail>"}
 
-An empty file means "no job". JSON, never pickle: the directory is shared with other users.
-Every function here is pure over the parsed record (plus liveness checks of its members), so the
-joining, claiming and cleaning procedures in rendezvous.py share one set of rules.
+An empty file means "no job". JSON, never pickle: the directory is shared with other users, so
+``parse`` checks every field it relies on and names the file's fault instead of failing later
+with a KeyError. The functions here change a parsed record and know nothing of processes; the
+rules that judge a record by its members' liveness are job/judge.py.
 """
 
 from __future__ import annotations
 
 import json
-import logging
-import os
-import secrets
+import re
 from typing import Any
 
 from ..errors import RendezvousError
-from ..files.io import make_private_dir, remove_tree
-from ..job.liveness import Identity, is_alive
 
-log = logging.getLogger(__name__)
+__all__ = ["FORMAT", "conflict_message", "mark_refused", "parse", "retire_own_stale_entries"]
 
-__all__ = [
-    "FORMAT",
-    "RENDEZVOUS_FILE",
-    "conflict_message",
-    "judge",
-    "judge_previous",
-    "mark_refused",
-    "new_generation",
-    "parse",
-    "retire_own_stale_entries",
-    "staying",
-]
-
-RENDEZVOUS_FILE = "fsdist-rendezvous.json"
 FORMAT = 1
+_GENERATION_ID = re.compile(r"[0-9a-f]{16}")
+_MEMBER_FIELDS = {"host": str, "pid": int, "start_time": int, "nonce": str}
+_OPTIONAL_FIELDS = {"machine": str, "left": bool, "refused": str, "client": str, "fs_hazard": str}
+
+
+def parse(raw: bytes) -> dict[str, Any]:
+    """The record in ``raw`` (``{}`` for an empty file), checked field by field."""
+    if not raw:
+        return {}
+    try:
+        state = json.loads(raw)
+    except ValueError as exc:
+        raise RendezvousError(f"the rendezvous file is not valid JSON (foreign or corrupt): {exc}") from exc
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise RendezvousError(f"the rendezvous file has an unknown format: {str(state)[:200]}")
+    problem = _problem(state)
+    if problem:
+        raise RendezvousError(f"the rendezvous file is corrupt ({problem}): {str(state)[:200]}")
+    return state
+
+
+def _problem(state: dict[str, Any]) -> str | None:
+    if not isinstance(state.get("generation"), str) or not _GENERATION_ID.fullmatch(state["generation"]):
+        return "generation"
+    world = state.get("world_size")
+    if type(world) is not int or world < 1:
+        return "world_size"
+    if type(state.get("complete")) is not bool or not isinstance(state.get("conflict", ""), str):
+        return "complete or conflict"
+    members = state.get("members")
+    if not isinstance(members, dict):
+        return "members"
+    for rank, member in members.items():
+        if not (isinstance(rank, str) and rank.isdigit() and int(rank) < world and isinstance(member, dict)):
+            return f"member {rank!r}"
+        for name, kind in _MEMBER_FIELDS.items():
+            if type(member.get(name)) is not kind:
+                return f"member {rank}'s {name}"
+        for name, kind in _OPTIONAL_FIELDS.items():
+            if name in member and type(member[name]) is not kind:
+                return f"member {rank}'s {name}"
+    return None
 
 
 def mark_refused(old: bytes, nonce: str, reason: str) -> bytes | None:
@@ -51,56 +77,6 @@ def mark_refused(old: bytes, nonce: str, reason: str) -> bytes | None:
         return None
     mine[0].update(left=True, refused=reason)
     return json.dumps(state).encode()
-
-
-def parse(raw: bytes) -> dict[str, Any]:
-    if not raw:
-        return {}
-    try:
-        state = json.loads(raw)
-    except ValueError as exc:
-        raise RendezvousError(f"the rendezvous file is not valid JSON (foreign or corrupt): {exc}") from exc
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise RendezvousError(f"the rendezvous file has an unknown format: {str(state)[:200]}")
-    return state
-
-
-def judge(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
-    """Decide under the lock what to do with the recorded generation: "join", "replace" or "wait".
-
-    Raises RendezvousError for a second live job in the same directory.
-    """
-    if not state:
-        return "replace"
-    members = {int(r): m for r, m in state["members"].items()}
-    holder = members.get(rank) if rank is not None else None
-    if not state["complete"] and state["world_size"] == world_size and (holder is None or not staying(holder)):
-        return "join"  # a free slot, or one whose holder died while the job was forming
-    return judge_previous(state, world_size)
-
-
-def judge_previous(state: dict[str, Any], world_size: int) -> str:
-    """A recorded generation this rank cannot join: "replace" it (over), "wait" (leaving), or
-    raise RendezvousError (a live job)."""
-    members = {int(r): m for r, m in state["members"].items()}
-    remaining = {r: m for r, m in members.items() if staying(m)}
-    if not remaining:
-        return "replace"  # every member left or died: the generation is over
-    if any(m.get("left") for m in members.values()):
-        return "wait"  # a job that is shutting down: its last members are leaving
-    r, m = next(iter(remaining.items()))
-    if not state["complete"] and state["world_size"] != world_size:
-        raise RendezvousError(
-            f"a job of world size {state['world_size']} is forming in this directory (generation "
-            f"{state['generation']}; rank {r} is pid {m['pid']} on {m['host']}), but this rank was started "
-            f"with world size {world_size}: the ranks disagree on the world size, or two jobs use this directory"
-        )
-    why = "is running" if state["complete"] else "is forming"
-    raise RendezvousError(
-        f"another job {why} in this directory (generation {state['generation']}, world size "
-        f"{state['world_size']}; rank {r} is pid {m['pid']} on {m['host']}). Use another directory, "
-        "or stop that job"
-    )
 
 
 def conflict_message(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
@@ -132,21 +108,3 @@ def retire_own_stale_entries(state: dict[str, Any], me: dict[str, Any]) -> bool:
         if same and member.get("nonce") != me.get("nonce") and not member.get("left"):
             member["left"] = retired = True
     return retired
-
-
-def staying(member: dict[str, Any]) -> bool:
-    """Not left, and not known to be dead. A process on another host cannot be checked from
-    here, so it counts as alive: never delete what a live job elsewhere may still be using."""
-    return not member.get("left") and is_alive(Identity.from_json(member)) is not False
-
-
-def new_generation(root: str, world_size: int, previous: dict[str, Any]) -> dict[str, Any]:
-    """Start a fresh generation and delete what dead generations left in ``root``."""
-    generation = secrets.token_hex(8)
-    for name in os.listdir(root):
-        if name.startswith("gen-"):
-            remove_tree(os.path.join(root, name))
-    if previous:
-        log.warning("fsdist: replacing dead generation %s in %s", previous.get("generation"), root)
-    make_private_dir(os.path.join(root, f"gen-{generation}"))
-    return {"format": FORMAT, "generation": generation, "world_size": world_size, "members": {}, "complete": False}

@@ -13,14 +13,11 @@ sequence numbers, steps and descriptions are opaque to it.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import struct
 import threading
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -40,41 +37,15 @@ from ..files.locks import Counter, LockedRecord
 from ..files.waiting import Deadline, poll
 from ..fs.mounts import is_local
 from ..job.liveness import PeerWatch
-from ..protocol import message
+from ..protocol import layout, message, state_record
+from ..protocol.state_record import PeerState
 from .spares import SpareFile, SparePool
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GroupTransport", "PeerState"]
 
-# magic, version, flags, seq, step, description length, history hash
-_STATE = struct.Struct("<4sHHqIH2xQ")
 _HISTORY = 4096  # own history hashes kept to compare with peers that lag behind
-_STATE_MAGIC = b"FSST"
-_STATE_VERSION = 1
-_DESC_OFFSET = 32
-_DESC_MAX = 224
-_P2P_OFFSET = 256
-_P2P_SLOT = struct.Struct("<q")
-FLAG_CLOSED = 1
-
-
-@dataclass(frozen=True)
-class PeerState:
-    """What a rank's state record says."""
-
-    seq: int
-    step: int
-    closed: bool
-    description: str
-    history: int = 0
-
-    @property
-    def position(self) -> tuple[int, int]:
-        return (self.seq, self.step)
-
-
-_NOT_STARTED = PeerState(seq=-1, step=0, closed=False, description="(not started)")
 
 
 class GroupTransport:
@@ -88,7 +59,7 @@ class GroupTransport:
         self.watch = watch
         self.timeout = timeout
         self._records = [LockedRecord(self._state_path(r)) for r in range(size)]
-        self._abort = LockedRecord(os.path.join(directory, "abort"))
+        self._abort = LockedRecord(os.path.join(directory, layout.ABORT_FILE))
         self._seq = 0
         self._step = 0
         self._flags = 0
@@ -106,10 +77,10 @@ class GroupTransport:
         self._history: dict[int, tuple[int, str]] = {0: (0, "")}
         self._history_order: deque[int] = deque([0])
         self._others = [r for r in range(size) if r != rank]
-        self._bell = Doorbell(directory, rank, size)
+        self._bell = Doorbell([layout.doorbell_file(directory, r) for r in range(size)], rank)
         # receives are matched on their own thread: a bell of their own, so neither waiter
         # swallows the other's wake-up
-        self._p2p_bell = Doorbell(directory, rank, size, name="pwake")
+        self._p2p_bell = Doorbell([layout.p2p_doorbell_file(directory, r) for r in range(size)], rank)
         self._write_state()
 
     @property
@@ -121,9 +92,8 @@ class GroupTransport:
 
     def enter(self, seq: int, description: str) -> None:
         """Announce that this rank started operation ``seq``, described by ``description``."""
-        self._seq, self._step, self._description = seq, 0, description[:_DESC_MAX]
-        digest = hashlib.blake2b(self._chain.to_bytes(8, "little") + description.encode(), digest_size=8)
-        self._chain = int.from_bytes(digest.digest(), "little")
+        self._seq, self._step, self._description = seq, 0, description[: state_record.DESCRIPTION_MAX]
+        self._chain = state_record.chain(self._chain, description)
         self._history[seq] = (self._chain, self._description)
         self._history_order.append(seq)
         if len(self._history_order) > _HISTORY:
@@ -158,7 +128,7 @@ class GroupTransport:
 
     def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
         """Publish this rank's message for (current seq, ``step``), then advance the record."""
-        name = self._message_name(self.rank, self._seq, step)
+        name = layout.message_name(self.rank, self._seq, step)
         buffers = message.encode(self._seq, tag, self._description, tensors)
         size = sum(len(b) for b in buffers)
         path, spare = self._write_message(name, buffers, size)
@@ -188,27 +158,23 @@ class GroupTransport:
         self._bell.ring(self._others)  # after the record: a woken peer finds what it waits for
 
     def _write_state(self) -> None:
-        desc = self._description.encode()[:_DESC_MAX]
-        header = _STATE.pack(_STATE_MAGIC, _STATE_VERSION, self._flags, self._seq, self._step, len(desc), self._chain)
-        self._records[self.rank].write(header.ljust(_DESC_OFFSET, b"\0") + desc.ljust(_DESC_MAX, b"\0"))
+        record = state_record.encode(self._seq, self._step, self._description, self._chain, self._flags)
+        self._records[self.rank].write(record)
 
     # ---- peers --------------------------------------------------------------------------
 
     def peer_state(self, peer: int) -> PeerState:
-        raw = self._records[peer].read(0, _P2P_OFFSET)
-        if len(raw) < _STATE.size:
-            return _NOT_STARTED
-        magic, version, flags, seq, step, desc_len, history = _STATE.unpack_from(raw)
-        if magic != _STATE_MAGIC or version != _STATE_VERSION:
-            raise PeerFailedError(f"{self._state_path(peer)} is not an fsdist v{_STATE_VERSION} state record")
-        desc = raw[_DESC_OFFSET : _DESC_OFFSET + desc_len].decode(errors="replace")
+        theirs = state_record.decode(self._records[peer].read(0, state_record.HEADER_SIZE), self._state_path(peer))
+        if theirs is state_record.NOT_STARTED:
+            return theirs
+        seq = theirs.seq
         self._peer_seq[peer] = max(self._peer_seq[peer], seq)
         mine = self._history.get(seq)
-        if mine is not None and mine[0] != history and seq <= self._seq:
-            if seq == self._seq and desc != self._description:
-                raise self._desync(peer, desc)
-            raise self._diverged(peer, seq, desc)
-        return PeerState(seq, step, bool(flags & FLAG_CLOSED), desc, history)
+        if mine is not None and mine[0] != theirs.history and seq <= self._seq:
+            if seq == self._seq and theirs.description != self._description:
+                raise self._desync(peer, theirs.description)
+            raise self._diverged(peer, seq, theirs.description)
+        return theirs
 
     def _diverged(self, peer: int, seq: int, theirs: str) -> DesyncError:
         error = DesyncError(
@@ -249,7 +215,7 @@ class GroupTransport:
     def open_message(self, peer: int, step: int) -> message.Message:
         """Open ``peer``'s message for (current seq, ``step``); call ``wait_for`` first."""
         try:
-            msg = message.Message(os.path.join(self.directory, self._message_name(peer, self._seq, step)))
+            msg = message.Message(os.path.join(self.directory, layout.message_name(peer, self._seq, step)))
         except FileNotFoundError:
             # the peer went past this operation without publishing this step: it ran another one
             state = self.peer_state(peer)
@@ -277,52 +243,46 @@ class GroupTransport:
             if self._sent[dst] >= MAX_UNRECEIVED_SENDS:
                 self._wait_for_receiver(dst)
             index = self._sent[dst]
-            name = self._p2p_name(self.rank, dst, index)
+            name = layout.p2p_name(self.rank, dst, index)
             buffers = message.encode(index, tag, description, tensors)
             _, spare = self._write_message(name, buffers, sum(len(b) for b in buffers))
             if spare is not None:
                 spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
             self._sent[dst] = index + 1
-            self._records[self.rank].write(_P2P_SLOT.pack(index + 1), self._sent_slot(dst))
+            self._records[self.rank].write(state_record.encode_counter(index + 1), state_record.sent_offset(dst))
             self._p2p_bell.ring([dst])
         return index
 
     def sent_to_me(self, src: int) -> int:
         """How many messages ``src`` has sent to this rank so far."""
-        return self._read_slot(src, self._sent_slot(self.rank))
+        return self._read_slot(src, state_record.sent_offset(self.rank))
 
     def acknowledge(self, src: int, received: int) -> None:
         """Tell ``src`` that this rank has received ``received`` of its messages (its send cap)."""
-        self._records[self.rank].write(_P2P_SLOT.pack(received), self._received_slot(src))
+        offset = state_record.received_offset(src, self.size)
+        self._records[self.rank].write(state_record.encode_counter(received), offset)
 
     def _wait_for_receiver(self, dst: int) -> None:
         def room() -> bool | None:
-            received = self._read_slot(dst, self._received_slot(self.rank))
+            received = self._read_slot(dst, state_record.received_offset(self.rank, self.size))
             return True if self._sent[dst] - received < MAX_UNRECEIVED_SENDS else None
 
         what = f"receives of this rank's sends (at most {MAX_UNRECEIVED_SENDS} may wait unreceived)"
         poll(room, self._deadline(), lambda: self._timed_out(dst, what), lambda: self._check_health(dst))
 
     def _read_slot(self, rank: int, offset: int) -> int:
-        raw = self._records[rank].read(offset, _P2P_SLOT.size)
-        return _P2P_SLOT.unpack(raw)[0] if len(raw) == _P2P_SLOT.size else 0
-
-    def _sent_slot(self, dst: int) -> int:
-        return _P2P_OFFSET + _P2P_SLOT.size * dst
-
-    def _received_slot(self, src: int) -> int:
-        return _P2P_OFFSET + _P2P_SLOT.size * (self.size + src)
+        return state_record.decode_counter(self._records[rank].read(offset, state_record.COUNTER_SIZE))
 
     def wait_for_sends(self, seconds: float) -> None:
         """Sleep up to ``seconds``, less if a peer sends this rank a message meanwhile."""
         self._p2p_bell.wait(seconds)
 
     def open_p2p(self, src: int, index: int) -> message.Message:
-        return message.Message(os.path.join(self.directory, self._p2p_name(src, self.rank, index)))
+        return message.Message(os.path.join(self.directory, layout.p2p_name(src, self.rank, index)))
 
     def discard_p2p(self, src: int, index: int, size: int) -> None:
         """The receiver disposes of a message it consumed (its only reader): keeps it as a spare or deletes it."""
-        self.spares.give_back(os.path.join(self.directory, self._p2p_name(src, self.rank, index)), size)
+        self.spares.give_back(os.path.join(self.directory, layout.p2p_name(src, self.rank, index)), size)
 
     # ---- health, deadlines, errors ------------------------------------------------------
 
@@ -384,14 +344,14 @@ class GroupTransport:
 
     def close(self) -> bool:
         """Leave the group. The last rank to leave removes the group directory; returns True then."""
-        self._flags |= FLAG_CLOSED
+        self._flags |= state_record.FLAG_CLOSED
         self._write_state()
         self._bell.ring(self._others)
         for _, _, _, spare in self._published:
             if spare is not None:
                 spare.close(remove=False)  # unmapped; the file itself goes with the directory
         self.spares.close()  # before counting out: the last rank removes the directory
-        closed = Counter(os.path.join(self.directory, "closed"))
+        closed = Counter(os.path.join(self.directory, layout.CLOSED_FILE))
         try:
             last = closed.add(1) == self.size
         finally:
@@ -405,18 +365,8 @@ class GroupTransport:
             remove_tree(self.directory)
         return last
 
-    # ---- names --------------------------------------------------------------------------
-
     def _state_path(self, rank: int) -> str:
-        return os.path.join(self.directory, f"state.r{rank}")
-
-    @staticmethod
-    def _message_name(rank: int, seq: int, step: int) -> str:
-        return f"m{seq}.{step}.r{rank}"
-
-    @staticmethod
-    def _p2p_name(src: int, dst: int, index: int) -> str:
-        return f"p{src}-{dst}.{index}"
+        return layout.state_file(self.directory, rank)
 
 
 def _reuse_files(directory: str) -> bool:

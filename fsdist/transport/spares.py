@@ -29,6 +29,7 @@ import torch
 
 from ..errors import FsdistError
 from ..files.io import open_file, retrying, unlink_quietly
+from ..protocol import layout
 
 __all__ = ["SpareFile", "SparePool"]
 
@@ -154,7 +155,7 @@ class SparePool:
             unlink_quietly(path)
             return
         with self._lock:
-            hidden = os.path.join(self._directory, f".spare.r{self._rank}.{self._named}")
+            hidden = os.path.join(self._directory, layout.spare_name(self._rank, self._named))
             self._named += 1
         try:
             os.rename(path, hidden)

@@ -1,0 +1,48 @@
+"""``fsdist clean``: remove what a dead job left in a run directory, never a live job's files."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import RendezvousError
+from ..files.io import remove_tree
+from ..files.locks import LockedRecord
+from ..protocol import layout
+from ..protocol.rendezvous_record import parse
+from .liveness import Identity, is_alive
+
+__all__ = ["clean"]
+
+
+def clean(root: str, force: bool = False) -> list[str]:
+    """Remove every generation a dead job left in ``root``.
+
+    Refuses while a member is alive on this host, or (unless ``force``) runs on another host,
+    where this host cannot tell whether it is alive.
+    """
+    removed: list[str] = []
+    path = os.path.join(root, layout.RENDEZVOUS_FILE)
+    if not os.path.exists(path):
+        return removed
+    with LockedRecord(path) as record:
+
+        def wipe(old: bytes) -> bytes:
+            state = parse(old)
+            for member in state.get("members", {}).values():
+                who = Identity.from_json(member)
+                alive = is_alive(who)
+                if member.get("left") or alive is False or (alive is None and force):
+                    continue
+                hint = "stop it before cleaning" if alive else "use --force if that job is dead"
+                raise RendezvousError(
+                    f"a job may be alive in {root} (pid {who.pid} on {who.host}, generation "
+                    f"{state['generation']}): {hint}"
+                )
+            for name in os.listdir(root):
+                if layout.is_generation_dir(name):
+                    remove_tree(os.path.join(root, name))
+                    removed.append(name)
+            return b""
+
+        record.update(wipe)
+    return removed

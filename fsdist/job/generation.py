@@ -1,0 +1,96 @@
+"""A formed job as one rank sees it, and how a rank leaves it.
+
+Leaving is recorded in the rendezvous record, so a job starting in the same directory while the
+last ranks shut down sees a job that is ending, not a live one; the last rank out removes the
+generation's folder (and a root made for this job alone).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import FsdistError
+from ..files.io import remove_tree, unlink_quietly
+from ..files.locks import LockedRecord
+from ..protocol import layout
+from ..protocol.rendezvous_record import parse
+from .liveness import Identity
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Generation"]
+
+
+@dataclass
+class Generation:
+    """One formed job: its directory, this rank, and who every rank is."""
+
+    root: str
+    generation_id: str
+    directory: str
+    rank: int
+    world_size: int
+    members: list[Identity]
+    #: The root exists for this job alone (beside a FileStore's file, or node-local): the last
+    #: rank out removes it too.
+    owns_root: bool = False
+    #: How many groups of each name this process has created (see ProcessGroupFsdist).
+    incarnations: dict[str, int] = field(default_factory=dict)
+    #: Called once this rank has left (init methods release what they keep alive for torch).
+    on_leave: list[Callable[[], None]] = field(default_factory=list)
+    left: bool = False
+
+    def __post_init__(self) -> None:
+        # A group of another backend formed through fsdist's directory (env:// under `fsdist
+        # run` serves Gloo too) is destroyed without telling fsdist: leave at exit at the latest
+        atexit.register(self._leave_at_exit)
+
+    def _leave_at_exit(self) -> None:
+        try:
+            self.leave()
+        except (OSError, FsdistError) as exc:  # the directory may be gone already: best effort
+            log.debug("fsdist: could not leave generation %s at exit: %s", self.generation_id, exc)
+
+    def heartbeat_path(self, rank: int) -> str:
+        return layout.heartbeat_file(self.directory, rank)
+
+    def leave(self) -> None:
+        """Mark this rank as gone; the last rank out removes the generation and empties the file.
+
+        Leaving is recorded in the rendezvous file itself, so a rank that starts the next job
+        while its peers are still shutting down sees a job that is ending, not a live one.
+        Leaving twice is leaving once.
+        """
+        if self.left:
+            return
+        self.left = True
+        atexit.unregister(self._leave_at_exit)
+        emptied = False
+
+        def mark(old: bytes) -> bytes | None:
+            state = parse(old)
+            if state.get("generation") != self.generation_id:
+                return None  # already replaced (we were presumed dead): nothing of ours is left
+            state["members"][str(self.rank)]["left"] = True
+            if all(m.get("left") for m in state["members"].values()):
+                nonlocal emptied
+                emptied = True
+                remove_tree(self.directory)
+                return b""
+            return json.dumps(state).encode()
+
+        with LockedRecord(os.path.join(self.root, layout.RENDEZVOUS_FILE)) as record:
+            record.update(mark)
+        if emptied and self.owns_root:  # closed first: on NFS an open file would stay as .nfsXXXX
+            unlink_quietly(os.path.join(self.root, layout.RENDEZVOUS_FILE))
+            with contextlib.suppress(OSError):
+                os.rmdir(self.root)
+        for callback in self.on_leave:
+            callback()
+        self.on_leave.clear()

@@ -1,0 +1,79 @@
+"""Judging a recorded generation by its members' liveness: join it, replace it, wait, or refuse.
+
+Every procedure that reads the rendezvous record under its lock (joining, claiming, cleaning)
+decides with these rules, so a second live job is refused the same way whichever door it comes
+through, and a crashed job is replaced the same way too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+from typing import Any
+
+from ..errors import RendezvousError
+from ..files.io import make_private_dir, remove_tree
+from ..protocol import layout
+from ..protocol.rendezvous_record import FORMAT
+from .liveness import Identity, is_alive
+
+log = logging.getLogger(__name__)
+
+__all__ = ["judge", "judge_previous", "new_generation", "staying"]
+
+
+def judge(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
+    """Decide under the lock what to do with the recorded generation: "join", "replace" or "wait".
+
+    Raises RendezvousError for a second live job in the same directory.
+    """
+    if not state:
+        return "replace"
+    members = {int(r): m for r, m in state["members"].items()}
+    holder = members.get(rank) if rank is not None else None
+    if not state["complete"] and state["world_size"] == world_size and (holder is None or not staying(holder)):
+        return "join"  # a free slot, or one whose holder died while the job was forming
+    return judge_previous(state, world_size)
+
+
+def judge_previous(state: dict[str, Any], world_size: int) -> str:
+    """A recorded generation this rank cannot join: "replace" it (over), "wait" (leaving), or
+    raise RendezvousError (a live job)."""
+    members = {int(r): m for r, m in state["members"].items()}
+    remaining = {r: m for r, m in members.items() if staying(m)}
+    if not remaining:
+        return "replace"  # every member left or died: the generation is over
+    if any(m.get("left") for m in members.values()):
+        return "wait"  # a job that is shutting down: its last members are leaving
+    r, m = next(iter(remaining.items()))
+    if not state["complete"] and state["world_size"] != world_size:
+        raise RendezvousError(
+            f"a job of world size {state['world_size']} is forming in this directory (generation "
+            f"{state['generation']}; rank {r} is pid {m['pid']} on {m['host']}), but this rank was started "
+            f"with world size {world_size}: the ranks disagree on the world size, or two jobs use this directory"
+        )
+    why = "is running" if state["complete"] else "is forming"
+    raise RendezvousError(
+        f"another job {why} in this directory (generation {state['generation']}, world size "
+        f"{state['world_size']}; rank {r} is pid {m['pid']} on {m['host']}). Use another directory, "
+        "or stop that job"
+    )
+
+
+def staying(member: dict[str, Any]) -> bool:
+    """Not left, and not known to be dead. A process on another host cannot be checked from
+    here, so it counts as alive: never delete what a live job elsewhere may still be using."""
+    return not member.get("left") and is_alive(Identity.from_json(member)) is not False
+
+
+def new_generation(root: str, world_size: int, previous: dict[str, Any]) -> dict[str, Any]:
+    """Start a fresh generation and delete what dead generations left in ``root``."""
+    generation = secrets.token_hex(8)
+    for name in os.listdir(root):
+        if layout.is_generation_dir(name):
+            remove_tree(os.path.join(root, name))
+    if previous:
+        log.warning("fsdist: replacing dead generation %s in %s", previous.get("generation"), root)
+    make_private_dir(layout.generation_dir(root, generation))
+    return {"format": FORMAT, "generation": generation, "world_size": world_size, "members": {}, "complete": False}

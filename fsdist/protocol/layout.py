@@ -1,0 +1,158 @@
+"""Every name in a run directory, written down once; every reader and writer imports it.
+
+    DIR/                                 the run directory (one job at a time)
+      fsdist-rendezvous.json             the rendezvous record (rendezvous_record.py)
+      .launch/                           `fsdist run`'s launchers: a rendezvous of their own
+        fsdist-rendezvous.json
+        gen-<id>/abort                   the launchers' first-failure record (JSON)
+        gen-<id>/error.r<rank>.json      a rank's uncaught exception (cli/run_rank.py)
+      gen-<id>/                          one generation of the job (16 hex digits)
+        heartbeat.r<rank>                a liveness counter (files/locks.py Counter)
+        store/                           the DirectoryStore: .lock, k.<escaped key>, h.<sha256>
+        groups/<escaped group name>.<incarnation>/
+          state.r<rank>                  a rank's state record (state_record.py)
+          abort                          why the group was aborted (UTF-8 text)
+          closed                         how many ranks closed the group (Counter)
+          wake.r<rank>, pwake.r<rank>    a rank's doorbells (FIFOs): collectives, point-to-point
+          m<seq>.<step>.r<rank>          a collective message (message.py)
+          p<src>-<dst>.<index>           a point-to-point message (message.py)
+          .spare.r<rank>.<n>             a retired message file kept for reuse
+    any folder: .tmp.<name>.<8 hex>      a file being written, renamed to <name> when complete
+                                         (the file layer's own convention: files/io.py)
+
+Store keys become file names by ``key_to_filename``: bytes outside ``[A-Za-z0-9_-]`` become
+``%XX``, prefixed ``k.``; a name longer than 200 characters is ``h.`` + the key's SHA-256 instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+__all__ = [
+    "ABORT_FILE",
+    "CLOSED_FILE",
+    "GROUP_RANKS_KEY",
+    "LAUNCH_DIR",
+    "RENDEZVOUS_FILE",
+    "STORE_LOCK_FILE",
+    "doorbell_file",
+    "error_file",
+    "filename_to_key",
+    "generation_dir",
+    "group_dir",
+    "groups_dir",
+    "heartbeat_file",
+    "is_generation_dir",
+    "is_store_key_file",
+    "key_to_filename",
+    "message_name",
+    "p2p_doorbell_file",
+    "p2p_name",
+    "spare_name",
+    "state_file",
+    "state_file_rank",
+    "store_dir",
+]
+
+RENDEZVOUS_FILE = "fsdist-rendezvous.json"
+LAUNCH_DIR = ".launch"
+ABORT_FILE = "abort"
+CLOSED_FILE = "closed"
+#: Store key a subgroup's rank 0 sets to the JSON list of the job ranks in the group (its
+#: folder name follows), so `fsdist status` can name job ranks.
+GROUP_RANKS_KEY = "fsdist/group-ranks/"
+#: The DirectoryStore's lock, taken for read-modify-write changes (add, compare_set, append).
+STORE_LOCK_FILE = ".lock"
+
+_GENERATION = "gen-"
+_STATE_FILE = re.compile(r"state\.r(\d+)")
+_SAFE_KEY_BYTE = re.compile(rb"[A-Za-z0-9_\-]")
+_MAX_KEY_NAME = 200
+
+
+def generation_dir(root: str, generation_id: str) -> str:
+    return os.path.join(root, _GENERATION + generation_id)
+
+
+def is_generation_dir(name: str) -> bool:
+    return name.startswith(_GENERATION)
+
+
+def heartbeat_file(generation: str, rank: int) -> str:
+    return os.path.join(generation, f"heartbeat.r{rank}")
+
+
+def store_dir(generation: str) -> str:
+    return os.path.join(generation, "store")
+
+
+def groups_dir(generation: str) -> str:
+    return os.path.join(generation, "groups")
+
+
+def group_dir(generation: str, group_name: str, incarnation: int) -> str:
+    """A group's folder: its name escaped like a store key, and how many groups of that name
+    this job created before it (torch may give a re-created group the name of a destroyed one)."""
+    return os.path.join(groups_dir(generation), f"{key_to_filename(group_name)}.{incarnation}")
+
+
+def state_file(group: str, rank: int) -> str:
+    return os.path.join(group, f"state.r{rank}")
+
+
+def state_file_rank(name: str) -> int | None:
+    """The rank whose state record ``name`` is, or None for another file."""
+    match = _STATE_FILE.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def doorbell_file(group: str, rank: int) -> str:
+    """A rank's FIFO rung when it may find a new step of a collective."""
+    return os.path.join(group, f"wake.r{rank}")
+
+
+def p2p_doorbell_file(group: str, rank: int) -> str:
+    """A rank's FIFO rung when a point-to-point message arrives for it."""
+    return os.path.join(group, f"pwake.r{rank}")
+
+
+def message_name(rank: int, seq: int, step: int) -> str:
+    """The message ``rank`` publishes at ``step`` of operation ``seq``."""
+    return f"m{seq}.{step}.r{rank}"
+
+
+def p2p_name(src: int, dst: int, index: int) -> str:
+    """The ``index``-th message ``src`` sends ``dst`` (counted from 0 per pair)."""
+    return f"p{src}-{dst}.{index}"
+
+
+def spare_name(rank: int, number: int) -> str:
+    return f".spare.r{rank}.{number}"
+
+
+def error_file(launch_generation: str, rank: int) -> str:
+    return os.path.join(launch_generation, f"error.r{rank}.json")
+
+
+def key_to_filename(key: str) -> str:
+    """An injective, path-safe file name for a store key (no '/', never '.' or '..')."""
+    raw = key.encode()
+    escaped = "".join(chr(b) if _SAFE_KEY_BYTE.fullmatch(bytes([b])) else f"%{b:02X}" for b in raw)
+    name = "k." + escaped
+    if len(name) > _MAX_KEY_NAME:  # long keys: a digest keeps names within filesystem limits
+        name = "h." + hashlib.sha256(raw).hexdigest()
+    return name
+
+
+def filename_to_key(name: str) -> str | None:
+    """``key_to_filename`` undone; None for a digest name (``h.``), which cannot be."""
+    if not name.startswith("k."):
+        return None
+    raw = re.sub(rb"%([0-9A-F]{2})", lambda m: bytes([int(m.group(1), 16)]), name[2:].encode())
+    return raw.decode(errors="replace")
+
+
+def is_store_key_file(name: str) -> bool:
+    return name.startswith(("k.", "h."))
