@@ -9,8 +9,8 @@ import pytest
 import torch.distributed as dist
 
 from fsdist.c10d.store import DirectoryStore
-from fsdist.protocol.layout import key_to_filename
 from fsdist.errors import FsdistTimeoutError
+from fsdist.protocol.layout import key_to_filename
 
 from harness import run_forked
 
