@@ -1,4 +1,4 @@
-"""Collective algorithms, one short module each, written over ``GroupTransport`` only.
+"""Collective algorithms, one short module each, written over ``CollectiveChannel`` only.
 
 Every algorithm uses the shared directory as a broadcast medium: a message published once is
 readable by every rank. Step numbers order the messages within one operation. Tensors passed

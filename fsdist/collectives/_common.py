@@ -13,8 +13,7 @@ import torch
 
 from ..defaults import MAP_MIN_BYTES
 from ..errors import DesyncError
-from ..protocol.message import Message
-from ..transport.group import GroupTransport
+from ..transport.interfaces import CollectiveChannel, Incoming
 from .reduce_ops import Reduction, combine_into, combine_to
 
 _SCRATCH = threading.local()
@@ -31,7 +30,7 @@ def scratch(like: torch.Tensor, slot: int = 0) -> torch.Tensor:
 
 
 def read_part(
-    t: GroupTransport, peer: int, step: int, part: int, dest: torch.Tensor, byte_offset: int | None = None
+    t: CollectiveChannel, peer: int, step: int, part: int, dest: torch.Tensor, byte_offset: int | None = None
 ) -> None:
     """Wait for ``peer``'s message of ``step`` and copy part ``part`` into ``dest``.
 
@@ -45,7 +44,7 @@ def read_part(
 
 
 def peer_part(
-    t: GroupTransport, peer: int, step: int, part: int, like: torch.Tensor, byte_offset: int | None = None
+    t: CollectiveChannel, peer: int, step: int, part: int, like: torch.Tensor, byte_offset: int | None = None
 ) -> torch.Tensor:
     """``peer``'s part as a tensor shaped like ``like``, to be read once (an operand of a reduction).
 
@@ -65,7 +64,7 @@ def peer_part(
 
 
 def _check_part(
-    t: GroupTransport, peer: int, msg: Message, part: int, dest: torch.Tensor, byte_offset: int | None
+    t: CollectiveChannel, peer: int, msg: Incoming, part: int, dest: torch.Tensor, byte_offset: int | None
 ) -> None:
     sent = msg.parts[part]
     nbytes = dest.numel() * dest.element_size()
@@ -80,7 +79,7 @@ def _check_part(
 
 
 def reduce_into_own(
-    t: GroupTransport, step: int, part: int, reduction: Reduction, own: torch.Tensor, byte_offset: int | None = None
+    t: CollectiveChannel, step: int, part: int, reduction: Reduction, own: torch.Tensor, byte_offset: int | None = None
 ) -> None:
     """``own <- x_0 (op) x_1 (op) ... (op) x_{N-1}`` in rank order, where x_{rank} is ``own`` itself.
 

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ..transport.group import GroupTransport
+from ..transport.interfaces import CollectiveChannel
 from ._common import read_part
 
 
-def all_gather(t: GroupTransport, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor]) -> None:
+def all_gather(t: CollectiveChannel, outputs: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor]) -> None:
     """``outputs[rank][i] <- inputs[i] of rank``, for every rank (several inputs: coalesced)."""
     if t.size > 1:
         t.publish(1, inputs)

@@ -17,12 +17,12 @@ from collections.abc import Sequence
 import torch
 
 from ..defaults import ALLREDUCE_SLICED_MIN_BYTES
-from ..transport.group import GroupTransport
+from ..transport.interfaces import CollectiveChannel
 from ._common import read_part, reduce_into_own
 from .reduce_ops import Reduction, finish
 
 
-def all_reduce(t: GroupTransport, tensor: torch.Tensor, reduction: Reduction, first_step: int = 1) -> None:
+def all_reduce(t: CollectiveChannel, tensor: torch.Tensor, reduction: Reduction, first_step: int = 1) -> None:
     """Reduce ``tensor`` over all ranks in place, publishing as steps ``first_step`` and the next."""
     if t.size == 1:
         finish(reduction, tensor, 1)
@@ -44,7 +44,7 @@ def all_reduce(t: GroupTransport, tensor: torch.Tensor, reduction: Reduction, fi
             read_part(t, rank, first_step + 1, 0, flat[start:stop])
 
 
-def all_reduce_coalesced(t: GroupTransport, tensors: Sequence[torch.Tensor], reduction: Reduction) -> None:
+def all_reduce_coalesced(t: CollectiveChannel, tensors: Sequence[torch.Tensor], reduction: Reduction) -> None:
     """Reduce several tensors in one operation; small ones (or 2 ranks) share one publish.
 
     Many small tensors (``allreduce_coalesced``, DDP's small buckets) would otherwise cost a

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ..transport.group import GroupTransport
+from ..transport.interfaces import CollectiveChannel
 from ._common import read_part
 
 
-def all_to_all(t: GroupTransport, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
+def all_to_all(t: CollectiveChannel, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
     """``outputs[rank] <- inputs[this rank]`` of ``rank``, for every rank."""
     if t.size > 1:
         t.publish(1, inputs)

@@ -6,10 +6,10 @@ peers' doorbells) and waits until every peer's record shows step 1.
 
 from __future__ import annotations
 
-from ..transport.group import GroupTransport
+from ..transport.interfaces import CollectiveChannel
 
 
-def barrier(t: GroupTransport) -> None:
+def barrier(t: CollectiveChannel) -> None:
     """Return once every rank of the group has entered this barrier."""
     if t.size == 1:
         return

@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ..transport.group import GroupTransport
+from ..transport.interfaces import CollectiveChannel
 from ._common import read_part
 
 
-def broadcast(t: GroupTransport, tensors: Sequence[torch.Tensor], root: int) -> None:
+def broadcast(t: CollectiveChannel, tensors: Sequence[torch.Tensor], root: int) -> None:
     """Copy the root's ``tensors`` into every rank's ``tensors`` (one message, one part each)."""
     if t.rank == root:
         t.publish(1, tensors)

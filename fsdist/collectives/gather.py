@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ..transport.group import GroupTransport
+from ..transport.interfaces import CollectiveChannel
 from ._common import read_part
 
 
-def gather(t: GroupTransport, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, root: int) -> None:
+def gather(t: CollectiveChannel, outputs: Sequence[torch.Tensor], tensor: torch.Tensor, root: int) -> None:
     """``outputs[rank] <- tensor of rank`` on the root; ``outputs`` is ignored elsewhere."""
     if t.rank != root:
         t.publish(1, [tensor])

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import torch
 
-from ..transport.group import GroupTransport
+from ..transport.interfaces import CollectiveChannel
 from ._common import reduce_into_own
 from .reduce_ops import Reduction, finish
 
 
-def reduce(t: GroupTransport, tensor: torch.Tensor, root: int, reduction: Reduction) -> None:
+def reduce(t: CollectiveChannel, tensor: torch.Tensor, root: int, reduction: Reduction) -> None:
     """Leave the reduction of every rank's ``tensor`` in the root's ``tensor``."""
     if t.rank != root:
         t.publish(1, [tensor])

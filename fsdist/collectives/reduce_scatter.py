@@ -9,13 +9,16 @@ from collections.abc import Sequence
 
 import torch
 
-from ..transport.group import GroupTransport
+from ..transport.interfaces import CollectiveChannel
 from ._common import reduce_into_own
 from .reduce_ops import Reduction, finish
 
 
 def reduce_scatter(
-    t: GroupTransport, outputs: Sequence[torch.Tensor], inputs: Sequence[Sequence[torch.Tensor]], reduction: Reduction
+    t: CollectiveChannel,
+    outputs: Sequence[torch.Tensor],
+    inputs: Sequence[Sequence[torch.Tensor]],
+    reduction: Reduction,
 ) -> None:
     """For each k: ``outputs[k] <- reduction over ranks of inputs[k][rank]`` (k > 0: coalesced).
 

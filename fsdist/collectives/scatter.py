@@ -9,11 +9,11 @@ from collections.abc import Sequence
 
 import torch
 
-from ..transport.group import GroupTransport
+from ..transport.interfaces import CollectiveChannel
 from ._common import read_part
 
 
-def scatter(t: GroupTransport, output: torch.Tensor, inputs: Sequence[torch.Tensor], root: int) -> None:
+def scatter(t: CollectiveChannel, output: torch.Tensor, inputs: Sequence[torch.Tensor], root: int) -> None:
     """``output <- inputs[rank]`` of the root; ``inputs`` is ignored off the root."""
     if t.rank == root:
         if t.size > 1:

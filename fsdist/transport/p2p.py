@@ -18,8 +18,7 @@ import torch
 
 from ..errors import DesyncError, FsdistTimeoutError
 from ..files.waiting import Deadline
-from ..protocol import message
-from .group import GroupTransport
+from .interfaces import Incoming, PointToPointChannel
 
 __all__ = ["Mailbox", "PendingReceive"]
 
@@ -38,7 +37,7 @@ class PendingReceive:
 class Mailbox:
     """Matches posted receives against the messages peers have sent to this rank."""
 
-    def __init__(self, transport: GroupTransport) -> None:
+    def __init__(self, transport: PointToPointChannel) -> None:
         self._t = transport
         size = transport.size
         self._first_unconsumed = [0] * size
@@ -47,7 +46,7 @@ class Mailbox:
         self._tags: dict[tuple[int, int], int] = {}
         self._lock = threading.Lock()
         self._snapshot: dict[int, int] = {}
-        self._peeked: tuple[tuple[int, int], message.Message] | None = None
+        self._peeked: tuple[tuple[int, int], Incoming] | None = None
 
     def sleep(self, seconds: float) -> None:
         """Pause between passes; a peer's send ends the pause early (its doorbell)."""
@@ -108,7 +107,7 @@ class Mailbox:
             self._peeked[1].close()
             self._peeked = None
 
-    def _open(self, source: int, index: int) -> message.Message:
+    def _open(self, source: int, index: int) -> Incoming:
         if self._peeked is not None and self._peeked[0] == (source, index):
             msg = self._peeked[1]
             self._peeked = None

@@ -1,0 +1,98 @@
+"""What the algorithms above may ask of a group's transport: two narrow, declared interfaces.
+
+As Gloo's algorithms see only ``transport/pair.h``, fsdist's collectives see only a
+``CollectiveChannel`` and its point-to-point matching only a ``PointToPointChannel``. The file
+transport (group.py) implements both; memory.py implements the first in one process, so every
+algorithm can be tested in milliseconds without a file.
+
+A collective is a sequence of numbered *steps* within the current operation: a rank publishes
+the message of a step (or just announces a message-less step), peers wait until it has reached
+that step, then read the message's parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+from ..protocol.message import Part
+
+__all__ = ["CollectiveChannel", "Incoming", "PointToPointChannel"]
+
+
+class Incoming(Protocol):
+    """A peer's message, open for reading (a context manager that closes it)."""
+
+    parts: list[Part]
+    seq: int
+    tag: int
+    description: str
+
+    def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
+        """Copy part ``index`` (from ``byte_offset`` on, as many bytes as ``dest`` holds) into ``dest``."""
+
+    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
+        """Part ``index`` as a read-only tensor shaped like ``like``, without a copy where possible."""
+
+    def file_size(self) -> int:
+        """Bytes the message occupies (what disposing of it frees)."""
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> Incoming: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class CollectiveChannel(Protocol):
+    """What a collective algorithm may use (the caller has entered the operation already)."""
+
+    rank: int
+    size: int
+
+    @property
+    def maps_messages(self) -> bool:
+        """Whether ``Incoming.mapped`` avoids a copy here (worth it for large parts)."""
+
+    def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
+        """Publish this rank's message of ``step`` (the tensors as its parts) and reach the step."""
+
+    def advance(self, step: int) -> None:
+        """Reach ``step`` without a message (a barrier, a rank with nothing to send)."""
+
+    def wait_for(self, peer: int, step: int) -> None:
+        """Return once ``peer`` has reached ``step`` of this operation (or gone past it)."""
+
+    def open_message(self, peer: int, step: int) -> Incoming:
+        """``peer``'s message of ``step``; call ``wait_for`` first."""
+
+    def abort(self, reason: str) -> None:
+        """Fail the group: every rank's waits end with ``reason``."""
+
+
+class PointToPointChannel(Protocol):
+    """What point-to-point matching (p2p.Mailbox) may use: per-pair numbered messages."""
+
+    rank: int
+    size: int
+    directory: str
+
+    def sent_to_me(self, src: int) -> int:
+        """How many messages ``src`` has sent to this rank so far."""
+
+    def open_p2p(self, src: int, index: int) -> Incoming:
+        """The ``index``-th message from ``src`` (counted from 0)."""
+
+    def discard_p2p(self, src: int, index: int, size: int) -> None:
+        """Dispose of a consumed message (this rank is its only reader)."""
+
+    def acknowledge(self, src: int, received: int) -> None:
+        """Tell ``src`` how many of its messages this rank has consumed (bounds its sends)."""
+
+    def wait_for_sends(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, less if a message arrives meanwhile."""
+
+    def abort(self, reason: str) -> None:
+        """Fail the group: every rank's waits end with ``reason``."""

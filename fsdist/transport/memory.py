@@ -1,0 +1,162 @@
+"""A CollectiveChannel in memory: every rank a thread of one process, to test the algorithms.
+
+The algorithms in collectives/ see only a CollectiveChannel (interfaces.py). Here one
+``MemoryWorld`` keeps every rank's position and published tensors under one condition variable,
+so the algorithm code that runs on files in the multi-process suite runs here in milliseconds,
+at any world size, inside one test. Same contract: a rank waits for a peer's step; a peer in the
+same operation with another description is a DesyncError; waits end at a deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
+from ..protocol.message import Part
+
+__all__ = ["MemoryChannel", "MemoryMessage", "MemoryWorld"]
+
+
+class MemoryMessage:
+    """A published message: copies of the tensors, read back by byte ranges as from a file."""
+
+    def __init__(self, seq: int, tag: int, description: str, tensors: Sequence[torch.Tensor]) -> None:
+        self.seq, self.tag, self.description = seq, tag, description
+        self._bytes = [t.detach().clone().reshape(-1).view(torch.uint8) for t in tensors]
+        self.parts = [Part(t.dtype, tuple(t.shape), t.numel() * t.element_size(), 0) for t in tensors]
+
+    def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
+        nbytes = dest.numel() * dest.element_size()
+        dest.reshape(-1).view(torch.uint8).copy_(self._slice(index, byte_offset, nbytes))
+
+    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
+        nbytes = like.numel() * like.element_size()
+        return self._slice(index, byte_offset, nbytes).view(like.dtype).view(like.shape)
+
+    def _slice(self, index: int, byte_offset: int, nbytes: int) -> torch.Tensor:
+        if byte_offset + nbytes > self.parts[index].nbytes:
+            raise ValueError(f"bytes {byte_offset}..{byte_offset + nbytes} outside part {index}")
+        return self._bytes[index][byte_offset : byte_offset + nbytes]
+
+    def file_size(self) -> int:
+        return sum(part.nbytes for part in self.parts)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> MemoryMessage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+class MemoryWorld:
+    """``size`` ranks' shared state: positions, descriptions and messages, under one lock."""
+
+    def __init__(self, size: int, timeout: float = 10.0) -> None:
+        self.size = size
+        self.timeout = timeout
+        self.cond = threading.Condition()
+        self.positions = [(0, 0)] * size
+        self.descriptions = [""] * size
+        self.messages: dict[tuple[int, int, int], MemoryMessage] = {}
+        self.aborted: str | None = None
+
+    def run(self, function: Callable[[MemoryChannel], Any]) -> list[Any]:
+        """Run ``function(channel)`` on one thread per rank; the results in rank order.
+
+        The first error of any rank is raised (after every thread ended or the deadline passed).
+        """
+        results: list[Any] = [None] * self.size
+        errors: list[BaseException] = []
+
+        def rank_main(rank: int) -> None:
+            try:
+                results[rank] = function(MemoryChannel(self, rank))
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                errors.append(exc)
+                with self.cond:
+                    self.aborted = self.aborted or f"rank {rank}: {exc}"
+                    self.cond.notify_all()
+
+        threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(self.size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(self.timeout * 2)
+        if errors:
+            raise errors[0]
+        return results
+
+
+class MemoryChannel:
+    """One rank's CollectiveChannel over a MemoryWorld."""
+
+    maps_messages = False
+
+    def __init__(self, world: MemoryWorld, rank: int) -> None:
+        self._world = world
+        self.rank = rank
+        self.size = world.size
+        self.seq = 0
+        self.description = ""
+
+    def enter(self, seq: int, description: str) -> None:
+        """Start operation ``seq`` (the adapter does this before every algorithm)."""
+        self.seq, self.description = seq, description
+        with self._world.cond:
+            self._world.positions[self.rank] = (seq, 0)
+            self._world.descriptions[self.rank] = description
+            self._world.cond.notify_all()
+
+    def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
+        msg = MemoryMessage(self.seq, tag, self.description, tensors)
+        with self._world.cond:
+            self._world.messages[(self.rank, self.seq, step)] = msg
+        self.advance(step)
+
+    def advance(self, step: int) -> None:
+        with self._world.cond:
+            self._world.positions[self.rank] = (self.seq, step)
+            self._world.cond.notify_all()
+
+    def wait_for(self, peer: int, step: int) -> None:
+        world = self._world
+        with world.cond:
+
+            def arrived() -> bool:
+                if world.aborted is not None:
+                    raise PeerFailedError(f"rank {self.rank}: the group was aborted: {world.aborted}")
+                seq = world.positions[peer][0]
+                if seq == self.seq and world.descriptions[peer] != self.description:
+                    raise self._desync(peer, world.descriptions[peer])
+                return world.positions[peer] >= (self.seq, step)
+
+            if not world.cond.wait_for(arrived, world.timeout):
+                raise FsdistTimeoutError(
+                    f"rank {self.rank}, operation #{self.seq} '{self.description}': Timed out waiting for "
+                    f"rank {peer} to publish step {step} (it is at {world.positions[peer]})"
+                )
+
+    def open_message(self, peer: int, step: int) -> MemoryMessage:
+        with self._world.cond:
+            msg = self._world.messages.get((peer, self.seq, step))
+        if msg is None or msg.description != self.description:
+            raise self._desync(peer, msg.description if msg else f"(no message for step {step})")
+        return msg
+
+    def abort(self, reason: str) -> None:
+        with self._world.cond:
+            self._world.aborted = self._world.aborted or reason
+            self._world.cond.notify_all()
+
+    def _desync(self, peer: int, theirs: str) -> DesyncError:
+        return DesyncError(
+            f"rank {self.rank}: ranks disagree on operation #{self.seq}: "
+            f"rank {self.rank} called '{self.description}', rank {peer} called '{theirs}'"
+        )

@@ -1,0 +1,200 @@
+"""Where every rank of a group is: its own state record, its peers' records, and the waits on them.
+
+Each rank owns one state record (protocol/state_record.py), written only by that rank under an
+fcntl lock: the operation it is in, the step of it it has reached, the operation's description
+and the hash of every description so far. Peers learn that a step (and its message) exists by
+reading that record under the lock, never by stat-ing a name that may not exist yet (NFS caches
+the absence of a name for up to a minute). The same reads detect desynchronised calls: a peer
+in this operation with another description, or whose history hash differs from this rank's at
+the same operation, called something else.
+
+Every wait ends at the group's deadline, or earlier when the group is aborted or the peer dies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+
+from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
+from ..files.doorbell import Doorbell
+from ..files.locks import LockedRecord
+from ..files.waiting import Deadline, poll
+from ..job.liveness import PeerWatch
+from ..protocol import layout, state_record
+from ..protocol.state_record import PeerState
+
+__all__ = ["Progress"]
+
+_HISTORY = 4096  # own history hashes kept, to compare with peers that lag behind
+
+
+class Progress:
+    """This rank's position in a group's operations, and what its peers' records say of theirs."""
+
+    def __init__(self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float) -> None:
+        self.directory = directory
+        self.rank = rank
+        self.size = size
+        self.watch = watch
+        self.timeout = timeout
+        self.seq = 0
+        self.step = 0
+        self.description = ""
+        self._flags = 0
+        self._records = [LockedRecord(layout.state_file(directory, r)) for r in range(size)]
+        self._abort = LockedRecord(os.path.join(directory, layout.ABORT_FILE))
+        #: the highest operation each peer was seen in (garbage collection reads it)
+        self.peer_seq = [-1] * size
+        # running hash of every description so far, per seq: two ranks whose hashes differ at
+        # the same seq called different operations somewhere, even if neither waited then
+        self._chain = 0
+        self._history: dict[int, tuple[int, str]] = {0: (0, "")}
+        self._history_order: deque[int] = deque([0])
+        self.others = [r for r in range(size) if r != rank]
+        self.bell = Doorbell([layout.doorbell_file(directory, r) for r in range(size)], rank)
+        self._write()
+
+    # ---- this rank ----------------------------------------------------------------------
+
+    def enter(self, seq: int, description: str) -> None:
+        """Start operation ``seq``, described by ``description``, and say so in the record."""
+        self.seq, self.step, self.description = seq, 0, description[: state_record.DESCRIPTION_MAX]
+        self._chain = state_record.chain(self._chain, description)
+        self._history[seq] = (self._chain, self.description)
+        self._history_order.append(seq)
+        if len(self._history_order) > _HISTORY:
+            self._history.pop(self._history_order.popleft(), None)
+        self._write()
+
+    def advance(self, step: int) -> None:
+        """Reach ``step`` of the current operation, and ring the peers that may wait for it.
+
+        Only steps ring the peers' doorbells: a peer waits for a step, never for ``enter``
+        alone, so ringing there would wake (and on shared cores, preempt for) nothing.
+        """
+        self.step = step
+        self._write()
+        self.bell.ring(self.others)  # after the record: a woken peer finds what it waits for
+
+    def close(self) -> None:
+        """Mark this rank's record closed (peers waiting for it fail at once) and let go of files."""
+        self._flags |= state_record.FLAG_CLOSED
+        self._write()
+        self.bell.ring(self.others)
+        for record in (*self._records, self._abort):
+            record.close()
+        self.bell.close()
+        self.watch.close()
+
+    def _write(self) -> None:
+        self._records[self.rank].write(
+            state_record.encode(self.seq, self.step, self.description, self._chain, self._flags)
+        )
+
+    def write_counter(self, offset: int, value: int) -> None:
+        """One of this rank's point-to-point counters (state_record's sent/received offsets)."""
+        self._records[self.rank].write(state_record.encode_counter(value), offset)
+
+    def read_counter(self, rank: int, offset: int) -> int:
+        return state_record.decode_counter(self._records[rank].read(offset, state_record.COUNTER_SIZE))
+
+    # ---- peers --------------------------------------------------------------------------
+
+    def peer_state(self, peer: int) -> PeerState:
+        """``peer``'s record, compared with this rank's history (DesyncError on a divergence)."""
+        theirs = state_record.decode(self._records[peer].read(0, state_record.HEADER_SIZE), self.state_path(peer))
+        if theirs is state_record.NOT_STARTED:
+            return theirs
+        seq = theirs.seq
+        self.peer_seq[peer] = max(self.peer_seq[peer], seq)
+        mine = self._history.get(seq)
+        if mine is not None and mine[0] != theirs.history and seq <= self.seq:
+            if seq == self.seq and theirs.description != self.description:
+                raise self.desync(peer, theirs.description)
+            raise self._diverged(peer, seq, theirs.description)
+        return theirs
+
+    def wait_for(self, peer: int, step: int) -> None:
+        """Block until ``peer`` has reached (current seq, ``step``) or gone past it.
+
+        Raises DesyncError if the peer is in the same operation doing something else.
+        """
+        want = (self.seq, step)
+
+        def arrived() -> bool | None:
+            state = self.peer_state(peer)
+            if state.seq == self.seq and state.description != self.description:
+                raise self.desync(peer, state.description)
+            if state.position >= want:
+                return True
+            if state.closed:
+                raise PeerFailedError(
+                    f"{self.where()}: rank {peer} closed the group while this rank waited for its step {step}"
+                )
+            return None
+
+        poll(
+            arrived,
+            self.deadline(),
+            lambda: self.timed_out(peer, f"step {step}"),
+            lambda: self.check_health(peer),
+            self.bell.wait,
+        )
+
+    def desync(self, peer: int, theirs: str) -> DesyncError:
+        """The error of ``peer`` calling ``theirs`` where this rank calls this operation (and abort)."""
+        error = DesyncError(
+            f"{self.where()}: ranks disagree on operation #{self.seq}: "
+            f"rank {self.rank} called '{self.description}', rank {peer} called '{theirs}'"
+        )
+        self.abort(str(error))
+        return error
+
+    def _diverged(self, peer: int, seq: int, theirs: str) -> DesyncError:
+        error = DesyncError(
+            f"{self.where()}: rank {peer} called different operations from this rank at or before "
+            f"operation #{seq} (this rank's #{seq} was '{self._history[seq][1]}', rank {peer}'s is '{theirs}'; "
+            "every rank of a group must call the same collectives in the same order)"
+        )
+        self.abort(str(error))
+        return error
+
+    # ---- health, deadlines, errors ------------------------------------------------------
+
+    def abort(self, reason: str) -> None:
+        """Mark the group failed so every peer's waits end at once with ``reason`` (first wins)."""
+        self._abort.update(lambda old: None if old else reason.encode())
+
+    def abort_reason(self) -> str | None:
+        raw = self._abort.read()
+        return raw.decode(errors="replace") if raw else None
+
+    def check_health(self, peer: int | None = None) -> None:
+        """Raise PeerFailedError if the group was aborted, or ``peer`` (None: any) is dead."""
+        reason = self.abort_reason()
+        if reason is not None:
+            raise PeerFailedError(f"{self.where()}: the group was aborted: {reason}")
+        for other in range(self.size) if peer is None else [peer]:
+            reason = self.watch.dead_reason(other) if other != self.rank else None
+            if reason:
+                raise PeerFailedError(f"{self.where()}: {reason} while this rank waited for it")
+
+    def deadline(self) -> Deadline:
+        return Deadline(self.timeout)
+
+    def timed_out(self, peer: int, what: str) -> FsdistTimeoutError:
+        """The error of a wait for ``peer`` to publish ``what`` that ran out of time (c10d's words)."""
+        state = self.peer_state(peer)
+        behind = [r for r in self.others if self.peer_state(r).seq < self.seq]
+        return FsdistTimeoutError(
+            f"{self.where()}: Timed out after {self.timeout:.1f} s waiting for rank {peer} to publish {what}; "
+            f"its record {self.state_path(peer)} says it is at operation #{state.seq} step {state.step} "
+            f"('{state.description}'); ranks that have not reached operation #{self.seq}: {behind}"
+        )
+
+    def where(self) -> str:
+        return f"rank {self.rank}, operation #{self.seq} '{self.description}'"
+
+    def state_path(self, rank: int) -> str:
+        return layout.state_file(self.directory, rank)

@@ -1,0 +1,115 @@
+"""How long a rank's messages live: written (into a spare where one is kept), collected, bounded.
+
+A rank deletes (or keeps as a spare, spares.py) its own message of an operation once every peer's
+record shows it past that operation: nobody has the file open or will look its name up again.
+It checks every GC_EVERY operations, as soon as its uncollected messages exceed GC_BYTES, and
+whenever its oldest message would become a spare. A rank that never waits (a broadcast root)
+stops RUN_AHEAD operations ahead of its slowest peer until that peer catches up, so the
+directory holds a bounded number of files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Sequence
+
+from ..defaults import ENV_REUSE_FILES, GC_BYTES, GC_EVERY, REUSE_FILES, REUSE_MIN_BYTES, RUN_AHEAD
+from ..files.io import publish
+from ..files.waiting import poll
+from ..fs.mounts import is_local
+from .progress import Progress
+from .spares import SpareFile, SparePool
+
+__all__ = ["Retention"]
+
+
+class Retention:
+    """This rank's published messages of one group, until every peer is past them."""
+
+    def __init__(self, progress: Progress) -> None:
+        self._progress = progress
+        self.directory = progress.directory
+        # (seq, path, bytes, the spare it was written through), oldest first
+        self._published: deque[tuple[int, str, int, SpareFile | None]] = deque()
+        self._bytes = 0
+        self.spares = SparePool(
+            self.directory, progress.rank, _reuse_files(self.directory), REUSE_FILES, REUSE_MIN_BYTES
+        )
+
+    def write(self, name: str, buffers: Sequence[memoryview | bytes], size: int) -> tuple[str, SpareFile | None]:
+        """Publish ``name`` through a spare where one is kept, else as a fresh file."""
+        spare = self.spares.take(size)
+        if spare is None:
+            return publish(self.directory, name, buffers), None
+        path = os.path.join(self.directory, name)
+        spare.publish(path, buffers)
+        return path, spare
+
+    def keep(self, seq: int, path: str, size: int, spare: SpareFile | None) -> None:
+        """Remember a published collective message until every peer is past ``seq``."""
+        self._published.append((seq, path, size, spare))
+        self._bytes += size
+
+    def collect_if_due(self, seq: int) -> None:
+        """Collect every GC_EVERY operations, past GC_BYTES, or when a spare is in reach."""
+        if seq % GC_EVERY == 0 or self._bytes > GC_BYTES or self._spare_in_reach():
+            self.collect()  # also compares peers' history hashes with this rank's
+
+    def hold_back_if_ahead(self, seq: int) -> None:
+        """Wait while this rank is more than RUN_AHEAD operations ahead of its slowest peer."""
+        if self._published and seq - self._published[0][0] > RUN_AHEAD:
+            self._wait_for_stragglers()
+
+    def collect(self) -> None:
+        """Dispose of own messages of operations every peer has finished (they moved past them)."""
+        if not self._published:
+            return
+        progress = self._progress
+        for peer in progress.others:
+            if progress.peer_seq[peer] <= self._published[0][0]:
+                progress.peer_state(peer)
+        done_below = min((progress.peer_seq[r] for r in progress.others), default=progress.seq + 1)
+        while self._published and self._published[0][0] < done_below:
+            _, path, size, spare = self._published.popleft()
+            self._bytes -= size
+            self.spares.give_back(path, size, spare)
+
+    def close(self) -> None:
+        """Unmap every spare (the files themselves go with the group's directory)."""
+        for _, _, _, spare in self._published:
+            if spare is not None:
+                spare.close(remove=False)
+        self.spares.close()
+
+    def _spare_in_reach(self) -> bool:
+        """Whether the oldest uncollected message would become a spare: collect it now, not later."""
+        return bool(self._published) and self.spares.wants(self._published[0][2])
+
+    def _wait_for_stragglers(self) -> None:
+        """Block until the slowest peer is within RUN_AHEAD / 2 operations of this rank."""
+        progress = self._progress
+
+        def caught_up() -> bool | None:
+            self.collect()
+            return True if not self._published or progress.seq - self._published[0][0] <= RUN_AHEAD // 2 else None
+
+        def timed_out() -> BaseException:
+            slowest = min(progress.others, key=lambda r: progress.peer_seq[r])
+            return progress.timed_out(slowest, f"operation #{progress.seq - RUN_AHEAD // 2}")
+
+        # every peer's health, not just the one that looked slowest: cached positions go stale
+        poll(caught_up, progress.deadline(), timed_out, lambda: progress.check_health(None), progress.bell.wait)
+
+
+def _reuse_files(directory: str) -> bool:
+    """Whether retired message files may be rewritten here: local filesystems only.
+
+    On a network filesystem another client may still cache the old pages of a rewritten
+    inode (default GlusterFS does; NFS revalidates on open, but only as finely as its change
+    attribute): a fresh file per message is the path that is correct everywhere.
+    """
+    setting = os.environ.get(ENV_REUSE_FILES, "")
+    if setting in ("0", "1"):
+        return setting == "1"
+    return is_local(directory)

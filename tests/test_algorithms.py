@@ -1,0 +1,164 @@
+"""Every collective algorithm × reduce op × world size 1–8, in one process, in milliseconds.
+
+The algorithms in fsdist/collectives see only a CollectiveChannel; fsdist/transport/memory.py
+implements one in memory (each rank a thread), so the very code the multi-process suite runs
+over files is checked here against references, at world sizes where spawning ranks would cost
+minutes. Sizes cover both all_reduce algorithms (one round, and sliced from 256 KiB at N ≥ 3).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from fsdist import collectives as coll
+from fsdist.collectives.reduce_ops import ReduceKind, Reduction
+from fsdist.errors import DesyncError
+from fsdist.transport.memory import MemoryChannel, MemoryWorld
+
+from reference import OPS, PREMUL_FACTOR, make_input, mismatch, reduce_reference, supported
+
+WORLDS = range(1, 9)
+#: 0-d, empty, small; all_reduce also one large enough for its sliced form (40,000 × 8 B > 256 KiB)
+SHAPES = [(), (0,), (7,)]
+LARGE = (40_000,)
+DTYPES = [torch.float64, torch.int64, torch.float32]
+
+
+def _reduction(op: str) -> Reduction:
+    return Reduction(ReduceKind[op], PREMUL_FACTOR if op == "PREMUL_SUM" else None)
+
+
+def _cases(op: str | None = None, shapes: list[tuple[int, ...]] = SHAPES):
+    for dtype, shape in itertools.product(DTYPES, shapes):
+        if op is None or supported(op, dtype, all_reduce=True):
+            yield dtype, shape
+
+
+def _inputs(world: int, seed: int, shape, dtype, op: str = "SUM") -> list[torch.Tensor]:
+    return [make_input(seed, r, shape, dtype, op) for r in range(world)]
+
+
+def _run(world: int, body) -> list[list[str]]:
+    """``body(channel, seq_counter)`` per rank; returns each rank's list of failures."""
+
+    def rank_main(ch: MemoryChannel) -> list[str]:
+        failures: list[str] = []
+        body(ch, failures)
+        return failures
+
+    return MemoryWorld(world).run(rank_main)
+
+
+def _check(results: list[list[str]]) -> None:
+    failures = [f"rank {r}: {f}" for r, fs in enumerate(results) for f in fs]
+    assert not failures, "\n".join(failures[:20])
+
+
+def _note(failures: list[str], label: str, actual: torch.Tensor, expected: torch.Tensor) -> None:
+    problem = mismatch(actual, expected)
+    if problem:
+        failures.append(f"{label}: {problem}")
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("op", OPS)
+def test_all_reduce_and_coalesced(world: int, op: str) -> None:
+    def body(ch: MemoryChannel, failures: list[str]) -> None:
+        seq = 0
+        for dtype, shape in _cases(op, [*SHAPES, LARGE]):
+            inputs = _inputs(world, 1, shape, dtype, op)
+            seq += 1
+            ch.enter(seq, f"all_reduce {op} {dtype} {shape}")
+            tensor = inputs[ch.rank].clone()
+            coll.all_reduce(ch, tensor, _reduction(op))
+            _note(failures, f"all_reduce {dtype} {shape}", tensor, reduce_reference(inputs, op))
+        dtype = torch.float64 if supported(op, torch.float64) else torch.int64
+        many = [_inputs(world, s, (5,), dtype, op) for s in range(3)]
+        seq += 1
+        ch.enter(seq, f"all_reduce_coalesced {op}")
+        tensors = [inputs[ch.rank].clone() for inputs in many]
+        coll.all_reduce_coalesced(ch, tensors, _reduction(op))
+        for index, inputs in enumerate(many):
+            _note(failures, f"coalesced #{index}", tensors[index], reduce_reference(inputs, op))
+
+    _check(_run(world, body))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+@pytest.mark.parametrize("op", OPS)
+def test_reduce_and_reduce_scatter(world: int, op: str) -> None:
+    def body(ch: MemoryChannel, failures: list[str]) -> None:
+        seq = 0
+        for (dtype, shape), root in itertools.product(_cases(op), range(world)):
+            inputs = _inputs(world, 2, shape, dtype, op)
+            seq += 1
+            ch.enter(seq, f"reduce {op} {dtype} {shape} root {root}")
+            tensor = inputs[ch.rank].clone()
+            coll.reduce(ch, tensor, root, _reduction(op))
+            if ch.rank == root:
+                _note(failures, f"reduce {dtype} {shape} root {root}", tensor, reduce_reference(inputs, op))
+        for dtype, shape in _cases(op):
+            pieces = [_inputs(world, 3 + k, shape, dtype, op) for k in range(world)]  # pieces[k][r]
+            seq += 1
+            ch.enter(seq, f"reduce_scatter {op} {dtype} {shape}")
+            output = torch.empty(shape, dtype=dtype)
+            coll.reduce_scatter(ch, [output], [[pieces[k][ch.rank].clone() for k in range(world)]], _reduction(op))
+            _note(failures, f"reduce_scatter {dtype} {shape}", output, reduce_reference(pieces[ch.rank], op))
+
+    _check(_run(world, body))
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_data_movement(world: int) -> None:
+    def body(ch: MemoryChannel, failures: list[str]) -> None:
+        seq = 0
+        rank = ch.rank
+        for dtype, shape in _cases():
+            inputs = _inputs(world, 4, shape, dtype)
+            for root in range(world):
+                seq += 1
+                ch.enter(seq, f"broadcast {dtype} {shape} {root}")
+                tensor = inputs[rank].clone()
+                coll.broadcast(ch, [tensor], root)
+                _note(failures, f"broadcast root {root}", tensor, inputs[root])
+                seq += 1
+                ch.enter(seq, f"gather {dtype} {shape} {root}")
+                outs = [torch.empty(shape, dtype=dtype) for _ in range(world)] if rank == root else []
+                coll.gather(ch, outs, inputs[rank].clone(), root)
+                for r, out in enumerate(outs):
+                    _note(failures, f"gather root {root} from {r}", out, inputs[r])
+                seq += 1
+                ch.enter(seq, f"scatter {dtype} {shape} {root}")
+                out = torch.empty(shape, dtype=dtype)
+                coll.scatter(ch, out, [x.clone() for x in inputs] if rank == root else [], root)
+                _note(failures, f"scatter root {root}", out, inputs[rank])
+            seq += 1
+            ch.enter(seq, f"all_gather {dtype} {shape}")
+            outs = [[torch.empty(shape, dtype=dtype)] for _ in range(world)]
+            coll.all_gather(ch, outs, [inputs[rank].clone()])
+            for r, (out,) in enumerate(outs):
+                _note(failures, f"all_gather from {r}", out, inputs[r])
+            seq += 1
+            ch.enter(seq, f"all_to_all {dtype} {shape}")
+            sends = [_inputs(world, 10 + d, shape, dtype)[rank] for d in range(world)]  # rank -> d
+            outs2 = [torch.empty(shape, dtype=dtype) for _ in range(world)]
+            coll.all_to_all(ch, outs2, sends)
+            for src, out in enumerate(outs2):
+                _note(failures, f"all_to_all from {src}", out, _inputs(world, 10 + rank, shape, dtype)[src])
+        seq += 1
+        ch.enter(seq, "barrier")
+        coll.barrier(ch)
+
+    _check(_run(world, body))
+
+
+def test_a_desync_is_caught_by_every_algorithm_s_waits() -> None:
+    def body(ch: MemoryChannel, failures: list[str]) -> None:
+        ch.enter(1, "all_reduce SUM" if ch.rank else "all_reduce MAX")
+        coll.all_reduce(ch, torch.ones(3), _reduction("SUM" if ch.rank else "MAX"))
+
+    with pytest.raises(DesyncError, match="ranks disagree on operation #1"):
+        _run(3, body)
