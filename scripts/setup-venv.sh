@@ -12,6 +12,8 @@ py="$venv/bin/python"
 "$py" -m pip install -q --disable-pip-version-check "torch==2.13.0"
 wheels=$(mktemp -d)
 trap 'rm -rf "$wheels"' EXIT
+# setuptools builds in $repo/build and would ship modules left there by an earlier layout
+rm -rf "$repo/build"
 "$py" -m pip wheel -q --disable-pip-version-check --no-deps -w "$wheels" "$repo"
 wheel=$(ls "$wheels"/fsdist-*.whl)
 "$py" -m pip install -q --disable-pip-version-check --force-reinstall --no-deps "$wheel"
