@@ -45,7 +45,7 @@ TORCH_FREE = ["files", "fs", "job", "inspect", "protocol/layout.py", "protocol/s
 def imports(path: Path) -> list[tuple[str, int]]:
     """(top-level fsdist unit imported, line) for every intra-package import in ``path``."""
     parts = path.relative_to(PACKAGE).with_suffix("").parts
-    package = parts[:-1] if parts[-1] != "__init__" else parts[:-1]
+    package = parts[:-1]  # a module's package; an __init__.py's is its own folder
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.level:
