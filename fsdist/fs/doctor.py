@@ -18,6 +18,7 @@ from typing import Any
 
 from ..files.io import make_private_dir, remove_tree
 from . import probes
+from .contention import contend
 from .mounts import OK, UNSAFE, WARN, Finding, classify, find_mount
 
 __all__ = ["diagnose", "render"]
@@ -92,12 +93,11 @@ def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
         )
     )
 
-    paths = [os.path.join(a, "counter")] * 2 + [os.path.join(b, "counter")] * 2
-    result = probes.lost_updates(paths)
-    text = f"{result.lost} of {result.expected} lock-guarded increments lost (4 processes, {result.seconds:.2f} s)"
+    result = contend([os.path.join(a, "counter"), os.path.join(b, "counter")], 4, 1.0, max_increments=500)
+    text = f"{result.lost_updates} of {result.increments} lock-guarded increments lost (4 processes)"
     out.append(
         Finding("lost updates", OK, text)
-        if result.lost == 0
+        if result.lost_updates == 0
         else Finding("lost updates", UNSAFE, f"{text}: fsdist would corrupt data here", fix)
     )
 

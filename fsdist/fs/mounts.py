@@ -29,7 +29,9 @@ __all__ = [
 
 #: Filesystems whose files live on this machine only: a rewritten file cannot be served from
 #: another client's stale cache, so retired message files may be reused (see transport).
-LOCAL_FILESYSTEMS = frozenset({"tmpfs", "ramfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "overlay"})
+LOCAL_FILESYSTEMS = frozenset(
+    {"tmpfs", "ramfs", "ext2", "ext3", "ext4", "xfs", "btrfs", "f2fs", "overlay", "zfs", "bcachefs"}
+)
 
 OK, WARN, UNSAFE = "ok", "warn", "unsafe"
 
@@ -47,7 +49,6 @@ _GLUSTER_CACHES = (
     "nl-cache",
 )
 _GLUSTER_MOUNT_OPTIONS = ("attribute-timeout=0", "entry-timeout=0", "negative-timeout=0", "direct-io-mode=enable")
-_LOCAL = {"ext2", "ext3", "ext4", "xfs", "btrfs", "tmpfs", "zfs", "f2fs", "overlay", "ramfs", "bcachefs"}
 #: FUSE filesystems that implement locks themselves (and so across clients).
 _FUSE_LOCKING = {"glusterfs", "ceph-fuse", "ceph", "juicefs", "lustre"}
 #: FUSE filesystems whose locks stay inside one mount (the kernel's local lock table).
@@ -76,6 +77,9 @@ class Finding:
     verdict: str  # OK, WARN or UNSAFE
     detail: str
     fix: str = ""
+    #: UNSAFE even for ranks that all reach the filesystem through this one mount (not only
+    #: across clients): a multi-rank job is refused even on one machine
+    within_one_mount: bool = False
 
 
 def _unescape(text: str) -> str:
@@ -211,7 +215,7 @@ def classify(mount: Mount) -> list[Finding]:
     """What the mount type and options say, before any measurement."""
     fstype, opts = mount.fstype, mount.options
     base = fstype.split(".", 1)[1] if fstype.startswith("fuse.") else fstype
-    if fstype in _LOCAL:
+    if fstype in LOCAL_FILESYSTEMS:
         return [Finding("locking", OK, f"{fstype} is a local filesystem: one machine's ranks only")]
     if fstype.startswith("nfs"):
         found = []
@@ -280,6 +284,7 @@ def classify(mount: Mount) -> list[Finding]:
                         "processes on one mount do not exclude each other (measured: half of the "
                         "lock-guarded increments lost, on one mount and across two)",
                         "use the underlying directory; fsdist would corrupt data even on one machine",
+                        within_one_mount=True,
                     )
                 ]
             return [
@@ -317,7 +322,7 @@ def classify(mount: Mount) -> list[Finding]:
 def local_hazard(path: str) -> str | None:
     """Why even ranks on *one* client of ``path``'s filesystem would corrupt each other's data."""
     mount = find_mount(path)
-    bad = [f for f in classify(mount) if f.verdict == UNSAFE and "even on one machine" in f.fix]
+    bad = [f for f in classify(mount) if f.verdict == UNSAFE and f.within_one_mount]
     return f"{mount.fstype} at {mount.mount_point}: {bad[0].detail} (fix: {bad[0].fix})" if bad else None
 
 

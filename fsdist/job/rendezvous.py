@@ -31,7 +31,13 @@ from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
 from ..fs import guard
 from ..protocol import layout
-from ..protocol.rendezvous_record import conflict_message, mark_refused, parse, retire_own_stale_entries
+from ..protocol.rendezvous_record import (
+    CorruptRecordError,
+    conflict_message,
+    mark_refused,
+    parse,
+    retire_own_stale_entries,
+)
 from .generation import Generation
 from .judge import judge, new_generation, staying
 from .liveness import Identity, this_process
@@ -104,7 +110,7 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
                     raise conflict[0]
                 guard.check_members(root, state.get("members", {}), warned)
             except RendezvousError as exc:
-                if "refusing to start" not in str(exc) and me["fs_hazard"]:  # the file itself was corrupted
+                if isinstance(exc, CorruptRecordError) and me["fs_hazard"]:  # this mount loses locked writes
                     raise guard.corrupted(root, me["fs_hazard"], record.path, exc) from exc
                 reason = str(exc)
                 record.update(lambda old: mark_refused(old, me["nonce"], reason))

@@ -20,9 +20,15 @@ import json
 import re
 from typing import Any
 
-from ..errors import RendezvousError
+from ..errors import ProtocolError, RendezvousError
 
-__all__ = ["FORMAT", "conflict_message", "mark_refused", "parse", "retire_own_stale_entries"]
+__all__ = ["FORMAT", "CorruptRecordError", "conflict_message", "mark_refused", "parse", "retire_own_stale_entries"]
+
+
+class CorruptRecordError(RendezvousError, ProtocolError):
+    """The rendezvous record is not valid: foreign, damaged, or written through a mount that
+    loses lock-guarded writes (a rendezvous failure caused by a bad file)."""
+
 
 FORMAT = 1
 _GENERATION_ID = re.compile(r"[0-9a-f]{16}")
@@ -37,12 +43,12 @@ def parse(raw: bytes) -> dict[str, Any]:
     try:
         state = json.loads(raw)
     except ValueError as exc:
-        raise RendezvousError(f"the rendezvous file is not valid JSON (foreign or corrupt): {exc}") from exc
+        raise CorruptRecordError(f"the rendezvous file is not valid JSON (foreign or corrupt): {exc}") from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise RendezvousError(f"the rendezvous file has an unknown format: {str(state)[:200]}")
+        raise CorruptRecordError(f"the rendezvous file has an unknown format: {str(state)[:200]}")
     problem = _problem(state)
     if problem:
-        raise RendezvousError(f"the rendezvous file is corrupt ({problem}): {str(state)[:200]}")
+        raise CorruptRecordError(f"the rendezvous file is corrupt ({problem}): {str(state)[:200]}")
     return state
 
 
