@@ -44,17 +44,18 @@ _BITWISE = {ReduceKind.BAND, ReduceKind.BOR, ReduceKind.BXOR}
 _ORDERED = {ReduceKind.MIN, ReduceKind.MAX}
 _SCALED = {ReduceKind.AVG, ReduceKind.PREMUL_SUM}
 
-# acc <- acc (op) other, in place; the same order on every rank gives bit-identical results.
-_COMBINE: dict[ReduceKind, Callable[[torch.Tensor, torch.Tensor], object]] = {
-    ReduceKind.SUM: torch.Tensor.add_,
-    ReduceKind.AVG: torch.Tensor.add_,
-    ReduceKind.PREMUL_SUM: torch.Tensor.add_,
-    ReduceKind.PRODUCT: torch.Tensor.mul_,
-    ReduceKind.MIN: lambda acc, other: torch.minimum(acc, other, out=acc),
-    ReduceKind.MAX: lambda acc, other: torch.maximum(acc, other, out=acc),
-    ReduceKind.BAND: torch.Tensor.bitwise_and_,
-    ReduceKind.BOR: torch.Tensor.bitwise_or_,
-    ReduceKind.BXOR: torch.Tensor.bitwise_xor_,
+#: The one kernel of each op: ``kernel(first, second, out=out)`` computes ``first (op) second``.
+#: The same operand order on every rank gives bit-identical results.
+_KERNEL: dict[ReduceKind, Callable[..., torch.Tensor]] = {
+    ReduceKind.SUM: torch.add,
+    ReduceKind.AVG: torch.add,
+    ReduceKind.PREMUL_SUM: torch.add,
+    ReduceKind.PRODUCT: torch.mul,
+    ReduceKind.MIN: torch.minimum,
+    ReduceKind.MAX: torch.maximum,
+    ReduceKind.BAND: torch.bitwise_and,
+    ReduceKind.BOR: torch.bitwise_or,
+    ReduceKind.BXOR: torch.bitwise_xor,
 }
 
 
@@ -95,26 +96,12 @@ def _kernel_problem(kind: ReduceKind, dtype: torch.dtype) -> str | None:
 
 def combine_into(reduction: Reduction, acc: torch.Tensor, other: torch.Tensor) -> None:
     """``acc <- acc (op) other`` in place."""
-    _COMBINE[reduction.kind](acc, other)
-
-
-# out <- first (op) second: the same operand order as acc (op) other, written where asked
-_COMBINE_TO: dict[ReduceKind, Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object]] = {
-    ReduceKind.SUM: lambda a, b, out: torch.add(a, b, out=out),
-    ReduceKind.AVG: lambda a, b, out: torch.add(a, b, out=out),
-    ReduceKind.PREMUL_SUM: lambda a, b, out: torch.add(a, b, out=out),
-    ReduceKind.PRODUCT: lambda a, b, out: torch.mul(a, b, out=out),
-    ReduceKind.MIN: lambda a, b, out: torch.minimum(a, b, out=out),
-    ReduceKind.MAX: lambda a, b, out: torch.maximum(a, b, out=out),
-    ReduceKind.BAND: lambda a, b, out: torch.bitwise_and(a, b, out=out),
-    ReduceKind.BOR: lambda a, b, out: torch.bitwise_or(a, b, out=out),
-    ReduceKind.BXOR: lambda a, b, out: torch.bitwise_xor(a, b, out=out),
-}
+    _KERNEL[reduction.kind](acc, other, out=acc)
 
 
 def combine_to(reduction: Reduction, first: torch.Tensor, second: torch.Tensor, out: torch.Tensor) -> None:
     """``out <- first (op) second``; ``out`` may be ``second`` (saves a copy, keeps the order)."""
-    _COMBINE_TO[reduction.kind](first, second, out)
+    _KERNEL[reduction.kind](first, second, out=out)
 
 
 def finish(reduction: Reduction, acc: torch.Tensor, world_size: int) -> None:
