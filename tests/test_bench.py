@@ -16,7 +16,7 @@ import pytest
 
 from fsdist.cli.bench import report
 from fsdist.cli.bench.plan import Plan, iterations, parse_size
-from fsdist.cli.bench_locks import measure
+from fsdist.fs.contention import measure
 
 
 def _bench(tmp_path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

@@ -29,9 +29,9 @@ from ..job.clean import clean
 from ..job.generation import Generation
 from ..job.rendezvous import rendezvous
 from ..protocol import layout
+from . import ranks
 
 POLL_SECONDS = 0.1
-GRACE_SECONDS = 5.0
 
 
 @dataclass
@@ -81,14 +81,14 @@ def run(args: argparse.Namespace) -> int:
     world = nnodes * args.nproc_per_node
     launch = rendezvous(os.path.join(directory, layout.LAUNCH_DIR), node_rank, nnodes, timedelta(seconds=args.timeout))
     abort = LockedRecord(os.path.join(launch.directory, layout.ABORT_FILE))
-    ranks = [_start(directory, launch, node_rank, local, args, world) for local in range(args.nproc_per_node)]
+    started = [_start(directory, launch, node_rank, local, args, world) for local in range(args.nproc_per_node)]
     stop_signal: list[int] = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda signum, _frame: stop_signal.append(signum))
     try:
-        failure = _watch(ranks, abort, stop_signal)
+        failure = _watch(started, abort, stop_signal)
     finally:
-        _stop(ranks)
+        ranks.stop([rank.process for rank in started])
         abort.close()
     if failure is None:
         launch.leave()
@@ -107,21 +107,14 @@ def _start(
 ) -> Rank:
     rank = node_rank * args.nproc_per_node + local
     error_file = layout.error_file(launch.directory, rank)
-    env = {
-        **os.environ,
-        "RANK": str(rank),
-        "LOCAL_RANK": str(local),
-        "WORLD_SIZE": str(world),
-        "LOCAL_WORLD_SIZE": str(args.nproc_per_node),
-        "GROUP_RANK": str(node_rank),
-        "FSDIST_DIR": directory,
-        "FSDIST_ERROR_FILE": error_file,
-    }
+    env = ranks.rank_environment(
+        rank, local, world, args.nproc_per_node, node_rank, directory, FSDIST_ERROR_FILE=error_file
+    )
     command = [sys.executable, "-m", "fsdist.cli.run_rank", args.script, *args.script_args]
-    return Rank(rank, local, subprocess.Popen(command, env=env, start_new_session=True), error_file)
+    return Rank(rank, local, ranks.start(command, env), error_file)
 
 
-def _watch(ranks: list[Rank], abort: LockedRecord, stop_signal: list[int]) -> dict[str, Any] | None:
+def _watch(started: list[Rank], abort: LockedRecord, stop_signal: list[int]) -> dict[str, Any] | None:
     """Wait until every rank succeeded (None) or the job failed (the first failure)."""
     while True:
         if stop_signal:
@@ -129,7 +122,7 @@ def _watch(ranks: list[Rank], abort: LockedRecord, stop_signal: list[int]) -> di
         recorded = abort.read()
         if recorded:
             return dict(json.loads(recorded))
-        codes = [(rank, rank.process.poll()) for rank in ranks]
+        codes = [(rank, rank.process.poll()) for rank in started]
         failed = [_failure(rank, code) for rank, code in codes if code not in (None, 0)]
         if failed:
             return _claim(abort, min(failed, key=_causal_order))
@@ -161,19 +154,6 @@ def _claim(abort: LockedRecord, failure: dict[str, Any]) -> dict[str, Any]:
     """Record ``failure`` unless another launcher recorded one first; return the first."""
     final = abort.update(lambda old: None if old else json.dumps(failure).encode())
     return dict(json.loads(final))
-
-
-def _stop(ranks: list[Rank]) -> None:
-    for rank in ranks:
-        if rank.process.poll() is None:
-            os.killpg(rank.process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_SECONDS
-    for rank in ranks:
-        try:
-            rank.process.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(rank.process.pid, signal.SIGKILL)
-            rank.process.wait()
 
 
 def _report(failure: dict[str, Any]) -> None:

@@ -13,31 +13,17 @@ import errno
 import multiprocessing as mp
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from ..files.io import publish, unlink_quietly
 from ..files.locks import Counter, LockedRecord, try_lock
 
 __all__ = [
-    "LockResult",
     "lock_exclusion",
-    "lost_updates",
     "new_file_visibility",
     "rename_atomicity",
     "rewrite_visibility",
 ]
-
-
-@dataclass(frozen=True)
-class LockResult:
-    expected: int
-    final: int
-    seconds: float
-
-    @property
-    def lost(self) -> int:
-        return self.expected - self.final
 
 
 def _ctx() -> Any:
@@ -67,45 +53,6 @@ def _try_lock(path: str, result: Any) -> None:
         result.put(exc.errno in (errno.EAGAIN, errno.EACCES))
     finally:
         os.close(fd)
-
-
-def lost_updates(paths: list[str], increments: int = 2000, seconds: float = 1.0) -> LockResult:
-    """Processes (one per entry of ``paths``, all naming one file) add 1 to a lock-guarded
-    counter (fsdist's own ``Counter``) ``increments`` times each, stopping early at ``seconds``;
-    every increment that did not survive is a lost update."""
-    Counter(paths[0]).close()
-    ctx = _ctx()
-    done = ctx.Queue()
-    barrier = ctx.Barrier(len(paths))  # all start together, or a fast filesystem never races
-    start = time.monotonic()
-    procs = [ctx.Process(target=_increment, args=(p, increments, seconds, barrier, done)) for p in paths]
-    for proc in procs:
-        proc.start()
-    total = sum(int(done.get(timeout=seconds + 30)) for _ in procs)
-    for proc in procs:
-        proc.join(10)
-    elapsed = time.monotonic() - start
-    counter = Counter(paths[0])
-    try:
-        final = counter.get()
-    finally:
-        counter.close()
-    return LockResult(total, final, elapsed)
-
-
-def _increment(path: str, increments: int, seconds: float, barrier: Any, done: Any) -> None:
-    counter = Counter(path)
-    count = 0
-    try:
-        counter.get()  # open and warm the caches first, as a long-running rank would have
-        barrier.wait(10)
-        stop_at = time.monotonic() + seconds
-        while count < increments and time.monotonic() < stop_at:
-            counter.add(1)
-            count += 1
-    finally:
-        counter.close()
-        done.put(count)
 
 
 def rename_atomicity(dir_a: str, dir_b: str, size: int = 1 << 20, seconds: float = 0.5) -> tuple[int, int, int]:

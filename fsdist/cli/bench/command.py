@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from ...files.io import make_private_dir
+from .. import ranks
 from . import report
 from .plan import BACKENDS, DEFAULT_RANKS, DEFAULT_SIZES, OPS, Plan, parse_size
 
@@ -109,14 +110,12 @@ def _run_world(plan: Plan, world: int, base: str) -> list[dict[str, Any]]:
         plan_path = os.path.join(work, "plan.json")
         with open(plan_path, "w") as out:
             json.dump(plan.to_json(), out)
-        env = {**os.environ, "FSDIST_DIR": os.path.join(work, "run"), "WORLD_SIZE": str(world),
-               "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-               "FSDIST_BENCH_PROGRESS": os.path.join(work, "progress")}  # fmt: skip
-        for rank in range(world):
-            with open(os.path.join(work, f"log.r{rank}"), "wb") as log:
-                command = [sys.executable, "-m", "fsdist.cli.bench.rank", plan_path, os.path.join(work, f"out.r{rank}")]
-                rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-                procs.append(subprocess.Popen(command, env=rank_env, stdout=log, stderr=subprocess.STDOUT))
+        extra = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
+                 "FSDIST_BENCH_PROGRESS": os.path.join(work, "progress")}  # fmt: skip
+        for rank in range(world):  # one node's ranks, as `fsdist run` starts them
+            env = ranks.rank_environment(rank, rank, world, world, 0, os.path.join(work, "run"), **extra)
+            command = [sys.executable, "-m", "fsdist.cli.bench.rank", plan_path, os.path.join(work, f"out.r{rank}")]
+            procs.append(ranks.start(command, env, log_path=os.path.join(work, f"log.r{rank}")))
         _wait_all(procs, work)
         results = []
         for rank in range(world):
@@ -124,10 +123,7 @@ def _run_world(plan: Plan, world: int, base: str) -> list[dict[str, Any]]:
                 results.append(json.load(source))
         return results
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        ranks.stop(procs, grace=0.0)  # a world that failed or ended: nothing to wait for
         shutil.rmtree(work, ignore_errors=True)
 
 

@@ -1,0 +1,164 @@
+"""Processes contending for one lock-guarded counter: lost updates, rate, latency, fairness.
+
+N processes increment one ``files.locks.Counter`` (the very path fsdist's state records and
+counters rely on) as fast as they can. If the lock excludes, the final value equals the sum of
+every process's own count; any shortfall is a *lost update*: two processes read the same value
+under what each believed was an exclusive lock. With a peer directory (the same directory
+through another mount, i.e. another client) every other process works through it, so the test
+crosses clients. ``fsdist doctor`` runs it briefly, ``fsdist bench locks`` at length.
+
+Processes are forked where possible: the check costs milliseconds to start instead of a fresh
+interpreter (and its imports) per process.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import secrets
+import struct
+import time
+from array import array
+from dataclasses import asdict, dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import numpy as np
+
+from ..files.io import make_private_dir, remove_tree
+from ..files.locks import Counter
+
+__all__ = ["Contention", "contend", "measure"]
+
+_HEADER = struct.Struct("<q")
+
+
+@dataclass
+class Contention:
+    """What N processes hammering one lock-guarded counter found."""
+
+    procs: int
+    seconds: float
+    increments: int  # sum of every process's own count of increments
+    final_value: int  # what the counter says at the end
+    lost_updates: int  # increments - final_value: must be 0 where locking works
+    acquisitions_per_s: float
+    p50_us: float  # per increment: lock, read, write, unlock
+    p99_us: float
+    max_us: float
+    per_process: list[int]
+    fairness: float  # min / max increments per process (1.0: perfectly fair)
+    directory: str
+    peer_directory: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def measure(directory: str, procs: int = 4, seconds: float = 2.0, peer_directory: str | None = None) -> Contention:
+    """Contend for a counter in a fresh private folder of ``directory`` (removed afterwards).
+
+    With ``peer_directory`` (the same directory mounted elsewhere) odd-numbered processes reach
+    the counter through that path.
+    """
+    name = f"fsdist-lockbench-{secrets.token_hex(6)}"
+    work = os.path.join(directory, name)
+    make_private_dir(work)
+    try:
+        paths = [os.path.join(work, "counter")]
+        if peer_directory is not None:
+            if name not in os.listdir(peer_directory):  # a listing revalidates NFS's lookup cache
+                raise ValueError(f"{peer_directory} is not another mount of {directory}: {name} is not there")
+            paths.append(os.path.join(peer_directory, name, "counter"))
+        result = contend(paths, procs, seconds)
+    finally:
+        remove_tree(work)
+    result.directory, result.peer_directory = directory, peer_directory
+    return result
+
+
+def contend(paths: list[str], procs: int, seconds: float, max_increments: int | None = None) -> Contention:
+    """``procs`` processes increment the counter at ``paths`` (one file, process i through
+    ``paths[i % len(paths)]``) for ``seconds``, or until each made ``max_increments``."""
+    if procs < 1 or seconds <= 0:
+        raise ValueError("lock contention needs at least one process and a positive duration")
+    Counter(paths[0]).close()  # create it before anyone races to
+    counts, latencies = _run(paths, procs, seconds, max_increments)
+    final = _final_value(paths[0])
+    total = sum(counts)
+    most = max(counts, default=0)
+    p50, p99, top = np.percentile(latencies, [50, 99, 100]) * 1e6 if latencies else (0.0, 0.0, 0.0)
+    return Contention(
+        procs=procs,
+        seconds=seconds,
+        increments=total,
+        final_value=final,
+        lost_updates=total - final,
+        acquisitions_per_s=total / seconds,
+        p50_us=float(p50),
+        p99_us=float(p99),
+        max_us=float(top),
+        per_process=counts,
+        fairness=min(counts) / most if most else 0.0,
+        directory=os.path.dirname(paths[0]),
+        peer_directory=os.path.dirname(paths[1]) if len(paths) > 1 else None,
+    )
+
+
+def _final_value(path: str) -> int:
+    with Counter(path) as counter:
+        return counter.get()
+
+
+def _run(paths: list[str], procs: int, seconds: float, most: int | None) -> tuple[list[int], list[float]]:
+    # fork where there is one: no new interpreter, no re-import (spawn costs ~1 s per process)
+    ctx: Any = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    start_at = time.monotonic() + 0.2 + 0.02 * procs  # every process starts counting together
+    workers, conns = [], []
+    for index in range(procs):
+        parent, child = ctx.Pipe(duplex=False)
+        path = paths[index % len(paths)]
+        proc = ctx.Process(target=_worker, args=(path, start_at, seconds, most, child), daemon=True)
+        proc.start()
+        child.close()
+        workers.append(proc)
+        conns.append(parent)
+    counts: list[int] = []
+    latencies: list[float] = []
+    try:
+        for conn, proc in zip(conns, workers, strict=True):
+            if not conn.poll(seconds + 60):
+                raise RuntimeError(f"lock benchmark process {proc.pid} did not report")
+            raw = conn.recv_bytes()
+            counts.append(_HEADER.unpack_from(raw)[0])
+            samples = array("d")
+            samples.frombytes(raw[_HEADER.size :])
+            latencies.extend(samples)
+    finally:
+        for proc in workers:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    return counts, latencies
+
+
+def _worker(path: str, start_at: float, seconds: float, most: int | None, conn: Connection) -> None:
+    samples = array("d")
+    done = 0
+    with Counter(path) as counter:
+        counter.get()  # open and warm the caches first, as a long-running rank would have
+        while time.monotonic() < start_at:
+            time.sleep(0.001)
+        end = start_at + seconds
+        clock = time.monotonic
+        while True:
+            before = clock()
+            counter.add(1)
+            after = clock()
+            samples.append(after - before)
+            done += 1
+            if after >= end or done == most:
+                break
+    conn.send_bytes(_HEADER.pack(done) + samples.tobytes())
+    conn.close()
