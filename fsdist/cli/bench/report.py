@@ -9,9 +9,10 @@ from __future__ import annotations
 import csv
 import json
 import math
-import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
+
+import numpy as np
 
 from .ops import bus_factor
 from .plan import format_size
@@ -40,9 +41,10 @@ def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
     rows = []
     for cells in zip(*per_rank, strict=True):
         first = cells[0]
-        slowest = [max(times) for times in zip(*(c["times"] for c in cells), strict=True)]
-        p50 = statistics.median(slowest)
-        p99 = _percentile(slowest, 0.99)
+        # an operation takes as long as its slowest rank: max over ranks, then statistics over iterations
+        slowest = np.max(np.array([c["times"] for c in cells], dtype=np.float64), axis=0)
+        p50 = float(np.median(slowest))
+        p99 = float(np.percentile(slowest, 99, method="inverted_cdf"))  # nearest rank: a measured time
         algbw = first["nbytes"] / p50 / 1e9 if p50 > 0 else 0.0
         errors = [f"rank {r}: {c['error']}" for r, c in enumerate(cells) if c["error"]]
         rows.append(
@@ -56,17 +58,12 @@ def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
                 p99_s=p99,
                 algbw_gbps=algbw,
                 busbw_gbps=algbw * bus_factor(first["op"], world),
-                cpu_s_per_op=statistics.fmean(c["cpu"] for c in cells) / max(1, len(slowest)),
+                cpu_s_per_op=float(np.mean([c["cpu"] for c in cells])) / max(1, len(slowest)),
                 verified=not errors,
                 error="; ".join(errors) or None,
             )
         )
     return rows
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 def _time(seconds: float) -> str:
