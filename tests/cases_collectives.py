@@ -376,7 +376,9 @@ def run_ahead_is_bounded() -> list[int]:
             group_dir = glob.glob(os.path.join(os.environ["FSDIST_TEST_DIR"], "gen-*", "groups", "*"))
             most = max(most, sum(len(glob.glob(os.path.join(d, "m*.r0"))) for d in group_dir))
     dist.barrier()
-    return [most, RUN_AHEAD]
+    # it holds back once its oldest uncollected message is more than RUN_AHEAD operations old,
+    # collecting first: at most RUN_AHEAD + 1 messages (oldest through newest) remain
+    return [most, RUN_AHEAD + 1]
 
 
 def direct_process_group_calls() -> Result:

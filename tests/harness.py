@@ -98,12 +98,24 @@ class RankPool:
         With ``deaths_expected`` a rank that exits gives ``None`` instead of failing the case
         (fault-injection tests); the pool is then broken and must not be reused.
         """
+        name = self.start_each(function, per_rank_args, timeout)
+        return self.results(name, timeout, deaths_expected)
+
+    def start_each(
+        self, function: Callable[..., Any], per_rank_args: list[tuple[Any, ...]], timeout: float = CASE_TIMEOUT
+    ) -> str:
+        """Start ``function`` in every rank and return at once, so the test can act while the
+        ranks run (kill one, say); ``results`` then waits for them. Returns the case's name."""
         if self.broken:
             raise RuntimeError("this pool is broken; make a new one")
         name = f"{function.__module__}:{function.__qualname__}"
         for conn, args in zip(self._conns, per_rank_args, strict=True):
             conn.send(("call", name, args, timeout))
-        return self._collect(name, timeout, deaths_expected)
+        return name
+
+    def results(self, what: str, timeout: float = CASE_TIMEOUT, deaths_expected: bool = False) -> list[Any]:
+        """Every rank's answer to the case started last (see ``run_each`` for ``deaths_expected``)."""
+        return self._collect(what, timeout, deaths_expected)
 
     def _collect(self, what: str, timeout: float, deaths_expected: bool = False) -> list[Any]:
         deadline = time.monotonic() + timeout + 5

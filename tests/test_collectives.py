@@ -77,7 +77,8 @@ def test_a_rank_that_never_waits_runs_only_a_bounded_way_ahead(pool_factory) -> 
     pool = pool_factory(3)
     results = pool.run_each(cases.run_ahead_is_bounded, [()] * 3)
     most, bound = results[0]
-    assert 0 < most <= bound + 16, f"rank 0 kept {most} unread broadcast files (bound {bound})"
+    print(f"rank 0 kept at most {most} unread broadcast files (bound {bound})")
+    assert 0 < most <= bound, f"rank 0 kept {most} unread broadcast files (bound {bound})"
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

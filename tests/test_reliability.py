@@ -73,8 +73,7 @@ def test_kill_one_rank_of_four_at_a_random_point(op: str, trial: int) -> None:
     pool = RankPool(4, group_timeout=120)
     ready = os.path.join(pool.directory, "ready")
     try:
-        for conn in pool._conns:
-            conn.send(("call", "cases_reliability:loop_until_killed", (op, ready), 60))
+        case = pool.start_each(cases.loop_until_killed, [(op, ready)] * 4, timeout=60)
         deadline = time.monotonic() + 60
         while not all(os.path.exists(f"{ready}.{r}") for r in range(4)):
             assert time.monotonic() < deadline, "ranks never got going"
@@ -82,7 +81,7 @@ def test_kill_one_rank_of_four_at_a_random_point(op: str, trial: int) -> None:
         time.sleep(rng.uniform(0.0, 0.3))
         killed_at = time.time()
         os.kill(pool.processes[victim].pid, signal.SIGKILL)
-        results = pool._collect(f"{op} trial {trial}", 60, deaths_expected=True)
+        results = pool.results(f"{case}: {op} trial {trial}", 60, deaths_expected=True)
     finally:
         pool.kill()
     survivors = {r: res for r, res in enumerate(results) if r != victim}

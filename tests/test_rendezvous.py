@@ -14,7 +14,7 @@ from fsdist.job.rendezvous import rendezvous
 from fsdist.protocol.layout import RENDEZVOUS_FILE
 
 import cases_init as cases
-from harness import RankPool
+from harness import RankError, RankPool
 
 
 def _run_unjoined(world: int, function, per_rank_args, deaths_expected: bool = False, env=None):
@@ -59,8 +59,9 @@ def test_two_jobs_in_a_row_in_one_directory(tmp_path) -> None:
 
 
 def test_crashed_run_does_not_poison_the_next(tmp_path) -> None:
-    with pytest.raises(Exception):  # noqa: B017 - rank 0 dies; ranks 1-3 then fail: that is the point
+    with pytest.raises(RankError, match=r"raised in rank\(s\) \[1, 2, 3\]") as crashed:  # rank 0 died
         _run_unjoined(4, cases.crash_mid_collective, [(str(tmp_path), r, 4) for r in range(4)], deaths_expected=True)
+    assert "PeerFailedError" in str(crashed.value) and "rank 0" in str(crashed.value)
     assert any(n.startswith("gen-") for n in os.listdir(tmp_path)), "the crash should have left files"
     values = _run_unjoined(4, cases.init_twice, [(str(tmp_path), r, 4) for r in range(4)])
     assert values == [[4.0, 4.0]] * 4
@@ -87,7 +88,7 @@ def test_bad_rank_is_refused(tmp_path) -> None:
 def test_clean_removes_a_crashed_run_and_refuses_a_live_one(pool_factory, tmp_path) -> None:
     from fsdist.cli.main import main
 
-    with pytest.raises(Exception):  # noqa: B017 - rank 0 dies; the others fail
+    with pytest.raises(RankError, match=r"raised in rank\(s\) \[1\]:[\s\S]*PeerFailedError"):  # rank 0 died
         _run_unjoined(2, cases.crash_mid_collective, [(str(tmp_path), r, 2) for r in range(2)], deaths_expected=True)
     assert any(n.startswith("gen-") for n in os.listdir(tmp_path))
     assert main(["clean", str(tmp_path)]) == 0
