@@ -12,7 +12,6 @@ from fsdist.cli import main as cli
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
-#: pages other issues write (benchmarks, measured filesystem behaviour); linked before they land
 
 
 def _all_docs() -> str:
@@ -102,3 +101,19 @@ def test_every_test_the_reliability_page_cites_exists() -> None:
     for module, name in re.findall(r"`(test_\w+)\.py::(\w+)", (DOCS / "reliability.md").read_text()):
         source = (tests / f"{module}.py").read_text()
         assert f"def {name}" in source, f"docs/reliability.md cites {module}.py::{name}, which does not exist"
+
+
+def test_the_design_page_lists_every_module_once() -> None:
+    """docs/design.md's module table is the one module list: it names every module of the
+    package (its ``__init__``s aside) and no module that is gone."""
+    package = Path(fsdist.__file__).parent
+    modules = {
+        p.relative_to(package).as_posix()
+        for p in package.rglob("*.py")
+        if p.name not in ("__init__.py", "__main__.py", "_version.py")
+    }
+    table = (DOCS / "design.md").read_text().split("Every module", 1)[1].split("\n\n## ", 1)[0]
+    listed = re.findall(r"^\| `([\w/]+\.py)` \|", table, flags=re.M)
+    assert len(listed) == len(set(listed)), "a module is listed twice in docs/design.md"
+    assert not modules - set(listed), f"modules missing from docs/design.md: {sorted(modules - set(listed))}"
+    assert not set(listed) - modules, f"docs/design.md lists modules that do not exist: {sorted(set(listed) - modules)}"

@@ -100,7 +100,7 @@ def test_the_diagnostics_modules_import_no_torch() -> None:
     assert not offenders, offenders
 
 
-def test_status_doctor_clean_and_bench_locks_run_without_loading_torch(tmp_path) -> None:
+def test_status_clean_bench_locks_and_doctor_run_without_loading_torch(tmp_path) -> None:
     code = (
         "import sys, runpy\n"
         "sys.argv = ['fsdist'] + sys.argv[1:]\n"
@@ -109,6 +109,6 @@ def test_status_doctor_clean_and_bench_locks_run_without_loading_torch(tmp_path)
         "print('TORCH LOADED' if 'torch' in sys.modules else 'no torch')\n"
     )
     for command in (["status", str(tmp_path)], ["clean", str(tmp_path)], ["status", "--json", str(tmp_path)],
-                    ["bench", "locks", str(tmp_path), "-n", "2", "--seconds", "0.2"]):  # fmt: skip
+                    ["bench", "locks", str(tmp_path), "-n", "2", "--seconds", "0.2"], ["doctor", str(tmp_path)]):  # fmt: skip
         result = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True, timeout=120)
         assert result.stdout.strip().endswith("no torch"), f"{command}: {result.stdout[-500:]} {result.stderr[-500:]}"
