@@ -108,8 +108,9 @@ def test_status_clean_bench_locks_and_doctor_run_without_loading_torch(tmp_path)
         "except SystemExit:\n    pass\n"
         "print('TORCH LOADED' if 'torch' in sys.modules else 'no torch')\n"
     )
-    commands = [["status", str(tmp_path)], ["clean", str(tmp_path)], ["status", "--json", str(tmp_path)],
-                ["bench", "locks", str(tmp_path), "-n", "2", "--seconds", "0.2"], ["doctor", str(tmp_path)]]  # fmt: skip
+    where = str(tmp_path)
+    commands = [["status", where], ["clean", where], ["status", "--json", where],
+                ["bench", "locks", where, "-n", "2", "--seconds", "0.2"], ["doctor", where]]  # fmt: skip
     for command in commands:
         result = subprocess.run([sys.executable, "-c", code, *command], capture_output=True, text=True, timeout=120)
         assert result.stdout.strip().endswith("no torch"), f"{command}: {result.stdout[-500:]} {result.stderr[-500:]}"
