@@ -5,6 +5,11 @@ so a bad call fails everywhere alike), takes the next sequence number in the cal
 and queues a closure on the group's FIFO worker. The closure stages tensors (CUDA and
 non-contiguous ones through contiguous host copies), announces the operation to its peers,
 runs the algorithm and copies results back.
+
+Longer than most modules (~440 lines) on purpose: one class with one method per c10d
+ProcessGroup entry point (about 25, ten lines each) reads as a single table from torch's call to
+fsdist's algorithm. What is not that table lives beside it: argument checks in checks.py, Work
+objects and threads in work.py, staging in staging.py, pybind's call forms in call_forms.py.
 """
 
 from __future__ import annotations
@@ -31,15 +36,16 @@ from ..protocol import layout
 from ..transport.group import GroupTransport
 from ..transport.p2p import Mailbox, PendingReceive
 from . import call_forms as forms
+from . import checks
 from .compat import unwrap_store
 from .debug import enabled as debug_enabled
 from .debug import log_op, tensor_bytes
 from .describe import describe, reduction_of
 from .sparse import all_reduce_sparse, is_sparse
-from .staging import Staging, check_stageable
+from .staging import Staging
 from .store import DirectoryStore
 from .store_rendezvous import join_through_store, joined
-from .work import FsdistWork, OpQueue, ReceiveLoop
+from .work import FsdistWork, OpQueue, ReceiveLoop, StagedWork
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +154,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def broadcast(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
         tensors, opts = forms.rooted(tensors, opts, dist.BroadcastOptions)
-        root = self._check_root(opts.rootRank)
+        root = checks.root(opts.rootRank, self.size())
         desc = describe("broadcast", tensors, root=root)
         return self._submit(desc, list(tensors), lambda s: coll.broadcast(self._t, [s.inout(x) for x in tensors], root))
 
@@ -175,17 +181,17 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def reduce(self, tensors: Tensors, opts: Any = None, op: Any = None) -> FsdistWork:
         tensors, opts = forms.reduce(tensors, opts, op)
-        root = self._check_root(opts.rootRank)
+        root = checks.root(opts.rootRank, self.size())
         reduction = reduction_of(opts.reduceOp, tensors)
-        (tensor,) = _exactly_one(tensors, "reduce")
+        (tensor,) = checks.exactly_one(tensors, "reduce")
         desc = describe("reduce", tensors, root=root, reduction=reduction)
         return self._submit(desc, [tensor], lambda s: coll.reduce(self._t, s.inout(tensor), root, reduction))
 
     def allgather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
         output_lists, inputs = forms.allgather(output_lists, inputs)
-        (tensor,) = _exactly_one(inputs, "all_gather")
-        (outputs,) = _exactly_one(output_lists, "all_gather outputs")
-        self._check_list(outputs, tensor, "all_gather")
+        (tensor,) = checks.exactly_one(inputs, "all_gather")
+        (outputs,) = checks.exactly_one(output_lists, "all_gather outputs")
+        checks.same_list(outputs, tensor, self.size(), "all_gather")
         return self._all_gather("all_gather", [[out] for out in outputs], [tensor], list(outputs))
 
     def allgather_coalesced(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
@@ -193,7 +199,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             raise ValueError(f"all_gather_coalesced needs {self.size()} output lists, got {len(output_lists)}")
         for outputs in output_lists:
             for out, tensor in zip(outputs, inputs, strict=True):
-                self._check_same(out, tensor, "all_gather_coalesced")
+                checks.same(out, tensor, "all_gather_coalesced")
         flat = [out for outputs in output_lists for out in outputs]
         return self._all_gather("all_gather_coalesced", output_lists, inputs, flat)
 
@@ -236,12 +242,12 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def gather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
         output_lists, inputs, opts = forms.gather(output_lists, inputs, opts)
-        root = self._check_root(opts.rootRank)
-        (tensor,) = _exactly_one(inputs, "gather")
+        root = checks.root(opts.rootRank, self.size())
+        (tensor,) = checks.exactly_one(inputs, "gather")
         outputs: Tensors = []
         if self.rank() == root:
-            (outputs,) = _exactly_one(output_lists, "gather outputs")
-            self._check_list(outputs, tensor, "gather")
+            (outputs,) = checks.exactly_one(output_lists, "gather outputs")
+            checks.same_list(outputs, tensor, self.size(), "gather")
         elif output_lists and any(output_lists):
             raise ValueError("gather: only the root may pass output tensors")
         desc = describe("gather", inputs, root=root)
@@ -254,12 +260,12 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any = None) -> FsdistWork:
         outputs, input_lists, opts = forms.scatter(outputs, input_lists, opts)
-        root = self._check_root(opts.rootRank)
-        (output,) = _exactly_one(outputs, "scatter")
+        root = checks.root(opts.rootRank, self.size())
+        (output,) = checks.exactly_one(outputs, "scatter")
         inputs: Tensors = []
         if self.rank() == root:
-            (inputs,) = _exactly_one(input_lists, "scatter inputs")
-            self._check_list(inputs, output, "scatter")
+            (inputs,) = checks.exactly_one(input_lists, "scatter inputs")
+            checks.same_list(inputs, output, self.size(), "scatter")
         elif input_lists and any(input_lists):
             raise ValueError("scatter: only the root may pass input tensors")
         desc = describe("scatter", outputs, root=root)
@@ -273,9 +279,9 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     def reduce_scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any = None) -> FsdistWork:
         outputs, input_lists, opts = forms.reduce_scatter(outputs, input_lists, opts)
         reduction = reduction_of(opts.reduceOp, outputs)
-        (output,) = _exactly_one(outputs, "reduce_scatter")
-        (inputs,) = _exactly_one(input_lists, "reduce_scatter inputs")
-        self._check_list(inputs, output, "reduce_scatter")
+        (output,) = checks.exactly_one(outputs, "reduce_scatter")
+        (inputs,) = checks.exactly_one(input_lists, "reduce_scatter inputs")
+        checks.same_list(inputs, output, self.size(), "reduce_scatter")
         desc = describe("reduce_scatter", outputs, reduction=reduction)
         return self._submit(
             desc,
@@ -299,7 +305,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
         def run(s: Staging) -> None:
             pieces = [
-                [p.view(o.shape) for p in _split_even(s.input(x), self.size())]
+                [p.view(o.shape) for p in checks.split_even(s.input(x), self.size())]
                 for x, o in zip(inputs, outputs, strict=True)
             ]
             coll.reduce_scatter(self._t, [s.output(o) for o in outputs], pieces, reduction)
@@ -321,8 +327,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list[int], input_splits: list[int],
         opts: Any = None,
     ) -> FsdistWork:  # fmt: skip
-        out_splits = _splits(output, output_splits, self.size(), "output")
-        in_splits = _splits(tensor, input_splits, self.size(), "input")
+        out_splits = checks.splits(output, output_splits, self.size(), "output")
+        in_splits = checks.splits(tensor, input_splits, self.size(), "input")
         desc = describe("all_to_all_single", [], dtype=tensor.dtype)
 
         def run(s: Staging) -> None:
@@ -344,7 +350,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def send(self, tensors: Tensors, dst: int, tag: int) -> FsdistWork:
         """Buffered: publish the message now (in the caller's thread) and return a finished Work."""
-        self._check_peer(dst, "send to")
+        checks.peer(dst, "send to", self.rank(), self.size())
         desc = describe("send", tensors, tag=tag)
         staging = Staging()
         hosts = [staging.input(x) for x in tensors]
@@ -363,7 +369,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return work
 
     def recv(self, tensors: Tensors, src: int, tag: int) -> FsdistWork:
-        self._check_peer(src, "receive from")
+        checks.peer(src, "receive from", self.rank(), self.size())
         return self._post_receive(tensors, src, tag)
 
     def recv_anysource(self, tensors: Tensors, tag: int) -> FsdistWork:
@@ -378,7 +384,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 self._receives = ReceiveLoop(name, Mailbox(self._t), self._t.check_health)
         staging = Staging()
         hosts = [staging.output(x) for x in tensors]
-        work = _StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)
+        work = StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)
         if self._debug:
             start, nbytes = time.perf_counter(), tensor_bytes(tensors)
 
@@ -411,76 +417,6 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     def abort(self) -> None:
         self._t.abort(f"rank {self.rank()} aborted the process group")
         self.shutdown()
-
-    # ---- argument checks ------------------------------------------------------------------
-
-    def _check_root(self, root: int) -> int:
-        if not 0 <= root < self.size():
-            raise ValueError(f"root rank {root} is outside the group of size {self.size()}")
-        return root
-
-    def _check_peer(self, peer: int, verb: str) -> None:
-        if not 0 <= peer < self.size():
-            raise ValueError(f"cannot {verb} rank {peer}: it is outside the group's ranks 0..{self.size() - 1}")
-        if peer == self.rank():
-            raise ValueError(f"rank {peer} cannot {verb} itself")
-
-    def _check_list(self, tensors: Tensors, like: torch.Tensor, name: str) -> None:
-        if len(tensors) != self.size():
-            raise ValueError(f"{name}: expected a list of {self.size()} tensors, got {len(tensors)}")
-        for tensor in tensors:
-            self._check_same(tensor, like, name)
-
-    @staticmethod
-    def _check_same(tensor: torch.Tensor, like: torch.Tensor, name: str) -> None:
-        check_stageable(tensor)
-        if tensor.numel() != like.numel() or tensor.dtype != like.dtype:
-            raise ValueError(
-                f"{name}: tensor {tensor.dtype} {list(tensor.shape)} does not match {like.dtype} {list(like.shape)}"
-            )
-
-
-class _StagedWork(FsdistWork):
-    """A receive's Work: copies the staged host buffers back before it reports completion."""
-
-    def __init__(self, outputs: list[torch.Tensor], description: str, staging: Staging) -> None:
-        super().__init__(outputs, description)
-        self._staging = staging
-        #: called with (error, source) when the receive ends; debug records use it
-        self.on_complete: Callable[[BaseException | None, int | None], None] | None = None
-
-    def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
-        if error is None:
-            try:
-                self._staging.finish()
-            except BaseException as exc:  # noqa: BLE001
-                error = exc
-        report, self.on_complete = self.on_complete, None  # the first outcome only, like complete()
-        if report is not None:
-            report(error, source)
-        super().complete(error, source)
-
-
-def _exactly_one(items: Sequence[Any], name: str) -> Sequence[Any]:
-    if len(items) != 1:
-        raise ValueError(f"{name}: fsdist takes exactly one tensor (list) per rank, got {len(items)}")
-    return items
-
-
-def _split_even(tensor: torch.Tensor, parts: int) -> list[torch.Tensor]:
-    flat = tensor.view(-1)
-    return list(flat.chunk(parts)) if flat.numel() else [flat] * parts
-
-
-def _splits(tensor: torch.Tensor, splits: list[int], parts: int, name: str) -> list[int]:
-    rows = tensor.shape[0] if tensor.dim() else 1
-    if not splits:
-        if rows % parts:
-            raise ValueError(f"all_to_all_single: {name} has {rows} rows, not divisible by {parts} ranks")
-        return [rows // parts] * parts
-    if len(splits) != parts or sum(splits) != rows:
-        raise ValueError(f"all_to_all_single: {name} splits {splits} must be {parts} sizes summing to {rows}")
-    return list(splits)
 
 
 def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupFsdist:

@@ -26,10 +26,11 @@ import torch.distributed as dist
 from ..defaults import MAX_SLEEP_SECONDS, REDUCE_THREADS
 from ..errors import FsdistError, FsdistTimeoutError, GroupBrokenError
 from ..transport.p2p import Mailbox, PendingReceive
+from .staging import Staging
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FsdistWork", "OpQueue", "ReceiveLoop"]
+__all__ = ["FsdistWork", "OpQueue", "ReceiveLoop", "StagedWork"]
 
 
 class _Failed:
@@ -252,3 +253,24 @@ class ReceiveLoop:
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self._mailbox.close()
+
+
+class StagedWork(FsdistWork):
+    """A receive's Work: copies the staged host buffers back before it reports completion."""
+
+    def __init__(self, outputs: list[torch.Tensor], description: str, staging: Staging) -> None:
+        super().__init__(outputs, description)
+        self._staging = staging
+        #: called with (error, source) when the receive ends; debug records use it
+        self.on_complete: Callable[[BaseException | None, int | None], None] | None = None
+
+    def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
+        if error is None:
+            try:
+                self._staging.finish()
+            except BaseException as exc:  # noqa: BLE001
+                error = exc
+        report, self.on_complete = self.on_complete, None  # the first outcome only, like complete()
+        if report is not None:
+            report(error, source)
+        super().complete(error, source)

@@ -8,6 +8,10 @@ filesystems silently keep locks local to one client. This module reads
 ``/proc/self/mountinfo`` (and, for FUSE, what the filesystem's daemon says about itself) and
 turns it into findings; ``fsdist.doctor`` adds measurements. The measured behaviour behind each
 rule is in ``docs/filesystems.md``.
+
+Longer than most modules (~340 lines) on purpose: ``classify`` is the rule table for every
+filesystem family, read top to bottom in the order the rules apply, as docs/filesystems.md
+presents them; split by family, the order that decides a verdict would be invisible.
 """
 
 from __future__ import annotations
