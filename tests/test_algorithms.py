@@ -8,6 +8,7 @@ minutes. Sizes cover both all_reduce algorithms (one round, and sliced from 256 
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 import pytest
@@ -27,6 +28,12 @@ LARGE = (40_000,)
 DTYPES = [torch.float64, torch.int64, torch.float32]
 
 
+def _roots(world: int) -> list[int]:
+    """Every root up to 4 ranks; beyond, the first, second, middle and last (an algorithm's
+    index arithmetic goes wrong at an end or next to one, and the cost of every root is N²)."""
+    return list(range(world)) if world <= 4 else sorted({0, 1, world // 2, world - 1})
+
+
 def _reduction(op: str) -> Reduction:
     return Reduction(ReduceKind[op], PREMUL_FACTOR if op == "PREMUL_SUM" else None)
 
@@ -37,7 +44,10 @@ def _cases(op: str | None = None, shapes: list[tuple[int, ...]] = SHAPES):
             yield dtype, shape
 
 
+@functools.cache
 def _inputs(world: int, seed: int, shape, dtype, op: str = "SUM") -> list[torch.Tensor]:
+    """Every rank's input, made once for all ranks (each rank-thread used to make all N: O(N²));
+    callers clone before writing."""
     return [make_input(seed, r, shape, dtype, op) for r in range(world)]
 
 
@@ -92,7 +102,7 @@ def test_all_reduce_and_coalesced(world: int, op: str) -> None:
 def test_reduce_and_reduce_scatter(world: int, op: str) -> None:
     def body(ch: MemoryChannel, failures: list[str]) -> None:
         seq = 0
-        for (dtype, shape), root in itertools.product(_cases(op), range(world)):
+        for (dtype, shape), root in itertools.product(_cases(op), _roots(world)):
             inputs = _inputs(world, 2, shape, dtype, op)
             seq += 1
             ch.enter(seq, f"reduce {op} {dtype} {shape} root {root}")
@@ -118,7 +128,7 @@ def test_data_movement(world: int) -> None:
         rank = ch.rank
         for dtype, shape in _cases():
             inputs = _inputs(world, 4, shape, dtype)
-            for root in range(world):
+            for root in _roots(world):
                 seq += 1
                 ch.enter(seq, f"broadcast {dtype} {shape} {root}")
                 tensor = inputs[rank].clone()

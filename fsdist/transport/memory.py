@@ -1,9 +1,9 @@
 """A CollectiveChannel in memory: every rank a thread of one process, to test the algorithms.
 
 The algorithms in collectives/ see only a CollectiveChannel (interfaces.py). Here one
-``MemoryWorld`` keeps every rank's position and published tensors under one condition variable,
-so the algorithm code that runs on files in the multi-process suite runs here in milliseconds,
-at any world size, inside one test. Same contract: a rank waits for a peer's step; a peer in the
+``MemoryWorld`` keeps every rank's position and published tensors under one lock, so the
+algorithm code that runs on files in the multi-process suite runs here in milliseconds, at any
+world size, inside one test. Same contract: a rank waits for a peer's step; a peer in the
 same operation with another description is a DesyncError; waits end at a deadline.
 """
 
@@ -61,11 +61,26 @@ class MemoryWorld:
     def __init__(self, size: int, timeout: float = 10.0) -> None:
         self.size = size
         self.timeout = timeout
-        self.cond = threading.Condition()
+        self.lock = threading.Lock()
+        #: one condition per rank over the one lock: a rank that moves wakes only the ranks
+        #: waiting for it (waking every rank on every step costs O(N²) GIL hand-offs at N = 8)
+        self.wakeups = [threading.Condition(self.lock) for _ in range(size)]
+        self.waiting_for: list[int | None] = [None] * size
         self.positions = [(0, 0)] * size
         self.descriptions = [""] * size
         self.messages: dict[tuple[int, int, int], MemoryMessage] = {}
         self.aborted: str | None = None
+
+    def wake_all(self) -> None:
+        """Wake every waiting rank (an abort). Call with the lock held."""
+        for wakeup in self.wakeups:
+            wakeup.notify()
+
+    def moved(self, rank: int) -> None:
+        """``rank`` changed position: wake whoever waits for it. Call with the lock held."""
+        for waiter, peer in enumerate(self.waiting_for):
+            if peer == rank:
+                self.wakeups[waiter].notify()
 
     def run(self, function: Callable[[MemoryChannel], Any]) -> list[Any]:
         """Run ``function(channel)`` on one thread per rank; the results in rank order.
@@ -80,9 +95,9 @@ class MemoryWorld:
                 results[rank] = function(MemoryChannel(self, rank))
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 errors.append(exc)
-                with self.cond:
+                with self.lock:
                     self.aborted = self.aborted or f"rank {rank}: {exc}"
-                    self.cond.notify_all()
+                    self.wake_all()
 
         threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(self.size)]
         for thread in threads:
@@ -109,25 +124,25 @@ class MemoryChannel:
     def enter(self, seq: int, description: str) -> None:
         """Start operation ``seq`` (the adapter does this before every algorithm)."""
         self.seq, self.description = seq, description
-        with self._world.cond:
+        with self._world.lock:
             self._world.positions[self.rank] = (seq, 0)
             self._world.descriptions[self.rank] = description
-            self._world.cond.notify_all()
+            self._world.moved(self.rank)
 
     def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
         msg = MemoryMessage(self.seq, tag, self.description, tensors)
-        with self._world.cond:
+        with self._world.lock:
             self._world.messages[(self.rank, self.seq, step)] = msg
         self.advance(step)
 
     def advance(self, step: int) -> None:
-        with self._world.cond:
+        with self._world.lock:
             self._world.positions[self.rank] = (self.seq, step)
-            self._world.cond.notify_all()
+            self._world.moved(self.rank)
 
     def wait_for(self, peer: int, step: int) -> None:
         world = self._world
-        with world.cond:
+        with world.lock:
 
             def arrived() -> bool:
                 if world.aborted is not None:
@@ -137,23 +152,28 @@ class MemoryChannel:
                     raise self._desync(peer, world.descriptions[peer])
                 return world.positions[peer] >= (self.seq, step)
 
-            if not world.cond.wait_for(arrived, world.timeout):
+            world.waiting_for[self.rank] = peer
+            try:
+                arrived_in_time = world.wakeups[self.rank].wait_for(arrived, world.timeout)
+            finally:
+                world.waiting_for[self.rank] = None
+            if not arrived_in_time:
                 raise FsdistTimeoutError(
                     f"rank {self.rank}, operation #{self.seq} '{self.description}': Timed out waiting for "
                     f"rank {peer} to publish step {step} (it is at {world.positions[peer]})"
                 )
 
     def open_message(self, peer: int, step: int) -> MemoryMessage:
-        with self._world.cond:
+        with self._world.lock:
             msg = self._world.messages.get((peer, self.seq, step))
         if msg is None or msg.description != self.description:
             raise self._desync(peer, msg.description if msg else f"(no message for step {step})")
         return msg
 
     def abort(self, reason: str) -> None:
-        with self._world.cond:
+        with self._world.lock:
             self._world.aborted = self._world.aborted or reason
-            self._world.cond.notify_all()
+            self._world.wake_all()
 
     def _desync(self, peer: int, theirs: str) -> DesyncError:
         return DesyncError(
