@@ -127,3 +127,18 @@ def test_the_two_node_example_script_forms_one_four_rank_job() -> None:
     result = subprocess.run(script, capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "step    10/10" in result.stdout and "(4 ranks)" in result.stdout, result.stdout
+
+
+def test_failure_reports_are_parsed_not_trusted() -> None:
+    """What a rank or another launcher wrote is checked field by field before it is reported."""
+    from fsdist.protocol import failure_report
+
+    raw = failure_report.encode({"rank": 2, "type": "ValueError", "message": "bad", "time": 5.0, "extra": [1]})
+    assert failure_report.parse(raw) == {"rank": 2, "type": "ValueError", "message": "bad", "time": 5.0}
+    wrong_types = b'{"rank": "0; rm -rf", "type": 3, "message": "m", "time": NaN, "exit_code": true}'
+    assert failure_report.parse(wrong_types) == {"message": "m"}
+    for junk in (b"[1, 2]", b"{}", b"not json", b"{" + b" " * failure_report.MAX_BYTES + b"}"):
+        with pytest.raises(ValueError):
+            failure_report.parse(junk)
+    huge = failure_report.encode({"rank": 0, "type": "E", "message": "m", "traceback": "x" * (1 << 20)})
+    assert len(huge) <= failure_report.MAX_BYTES and failure_report.parse(huge)["traceback"].endswith("x")

@@ -13,7 +13,6 @@ own ranks, prints the *first* failure and exits non-zero. No socket is opened an
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -24,11 +23,12 @@ from datetime import timedelta
 from typing import Any
 
 from ..errors import RendezvousError
+from ..files.io import open_file
 from ..files.locks import LockedRecord
 from ..job.clean import clean
 from ..job.generation import Generation
 from ..job.rendezvous import rendezvous
-from ..protocol import layout
+from ..protocol import failure_report, layout
 from . import ranks
 
 POLL_SECONDS = 0.1
@@ -121,7 +121,7 @@ def _watch(started: list[Rank], abort: LockedRecord, stop_signal: list[int]) -> 
             _claim(abort, {"rank": -1, "reason": f"launcher got signal {stop_signal[0]}"})
         recorded = abort.read()
         if recorded:
-            return dict(json.loads(recorded))
+            return _parsed(recorded)
         codes = [(rank, rank.process.poll()) for rank in started]
         failed = [_failure(rank, code) for rank, code in codes if code not in (None, 0)]
         if failed:
@@ -134,8 +134,11 @@ def _watch(started: list[Rank], abort: LockedRecord, stop_signal: list[int]) -> 
 def _failure(rank: Rank, code: int) -> dict[str, Any]:
     report: dict[str, Any] = {"rank": rank.rank, "exit_code": code, "host": os.uname().nodename}
     try:
-        with open(rank.error_file) as error:
-            report.update(json.load(error))
+        fd = open_file(rank.error_file, os.O_RDONLY)
+        try:
+            report.update(failure_report.parse(os.read(fd, failure_report.MAX_BYTES + 1)))
+        finally:
+            os.close(fd)
     except (OSError, ValueError):
         why = f"killed by signal {-code}" if code < 0 else "exited without a Python exception"
         report["message"] = f"rank {rank.rank} {why} (exit code {code})"
@@ -152,8 +155,15 @@ def _causal_order(failure: dict[str, Any]) -> tuple[bool, float]:
 
 def _claim(abort: LockedRecord, failure: dict[str, Any]) -> dict[str, Any]:
     """Record ``failure`` unless another launcher recorded one first; return the first."""
-    final = abort.update(lambda old: None if old else json.dumps(failure).encode())
-    return dict(json.loads(final))
+    final = abort.update(lambda old: None if old else failure_report.encode(failure))
+    return _parsed(final)
+
+
+def _parsed(recorded: bytes) -> dict[str, Any]:
+    try:
+        return failure_report.parse(recorded)
+    except ValueError as exc:  # another launcher's record, damaged: the job still failed
+        return {"rank": -1, "reason": f"the job's failure record is unreadable ({exc})"}
 
 
 def _report(failure: dict[str, Any]) -> None:

@@ -7,12 +7,14 @@ report the *first* failing rank with its traceback rather than whichever died la
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import sys
 import time
 import traceback
+
+from ..files.io import publish
+from ..protocol import failure_report
 
 
 def main() -> None:
@@ -36,17 +38,16 @@ def _record(exc: BaseException) -> None:
     path = os.environ.get("FSDIST_ERROR_FILE")
     if not path:
         return
-    report = {
-        "rank": int(os.environ.get("RANK", "-1")),
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": traceback.format_exc(),
-        "time": time.time(),
-    }
-    temp = f"{path}.tmp.{os.getpid()}"
-    with open(temp, "w") as out:
-        json.dump(report, out)
-    os.replace(temp, path)
+    report = failure_report.encode(
+        {
+            "rank": int(os.environ.get("RANK", "-1")),
+            "type": type(exc).__name__,
+            "message": str(exc),
+            "traceback": traceback.format_exc(),
+            "time": time.time(),
+        }
+    )
+    publish(os.path.dirname(path), os.path.basename(path), [report])  # complete or absent, never followed
 
 
 if __name__ == "__main__":
