@@ -72,8 +72,9 @@ MAP_MIN_BYTES = 256 << 10
 #: Sends are buffered, up to this many messages per destination not yet received.
 MAX_UNRECEIVED_SENDS = 256
 
-#: Messages bigger than this use the slice-parallel all_reduce (reduce-scatter + all-gather
-#: through files); smaller ones use one round where every rank reads every input.
+#: Tensors of at least this many bytes, in groups of 3 or more ranks, use the slice-parallel
+#: all_reduce (reduce-scatter + all-gather through files); the rest use one round where every
+#: rank reads every input (with 2 ranks slicing saves nothing: each reads one input either way).
 ALLREDUCE_SLICED_MIN_BYTES = 256 * 1024
 
 #: torch intra-op threads of a group's worker thread (OpenMP's setting is per thread, so the

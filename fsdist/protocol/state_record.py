@@ -42,6 +42,7 @@ __all__ = [
     "decode_counter",
     "encode",
     "encode_counter",
+    "fit",
     "received_offset",
     "sent_offset",
 ]
@@ -82,9 +83,15 @@ def chain(previous: int, description: str) -> int:
     return int.from_bytes(digest.digest(), "little")
 
 
+def fit(description: str) -> str:
+    """``description`` as the record stores it: at most DESCRIPTION_MAX bytes of UTF-8, never a
+    split character, so what a rank compares is exactly what its peers read back."""
+    return description.encode()[:DESCRIPTION_MAX].decode(errors="ignore")
+
+
 def encode(seq: int, step: int, description: str, history: int, flags: int = 0) -> bytes:
     """The record's first HEADER_SIZE bytes (the counters after them are written one by one)."""
-    text = description.encode()[:DESCRIPTION_MAX]
+    text = fit(description).encode()
     header = _HEADER.pack(_MAGIC, VERSION, flags, seq, step, len(text), history)
     return header.ljust(_DESCRIPTION_OFFSET, b"\0") + text.ljust(DESCRIPTION_MAX, b"\0")
 

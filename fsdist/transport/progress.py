@@ -59,7 +59,7 @@ class Progress:
 
     def enter(self, seq: int, description: str) -> None:
         """Start operation ``seq``, described by ``description``, and say so in the record."""
-        self.seq, self.step, self.description = seq, 0, description[: state_record.DESCRIPTION_MAX]
+        self.seq, self.step, self.description = seq, 0, state_record.fit(description)
         self._chain = state_record.chain(self._chain, description)
         self._history[seq] = (self._chain, self.description)
         self._history_order.append(seq)
