@@ -41,6 +41,44 @@ def test_bench_against_gloo_verifies_prints_the_table_writes_csv_json_and_cleans
     assert "blocked 1 s in a barrier (2 ranks)" in done.stdout
     assert "2 ranks [1/13] all_reduce 8 B done" in done.stderr and "[13/13] barrier 0 B done" in done.stderr
     assert os.listdir(tmp_path / "runs") == [], "the benchmark left its run directories behind"
+    # filesystem calls are measured per op and rank: fsdist's reach the filesystem, Gloo's (C++) are not seen
+    assert "filesystem calls per op per rank (fsdist)" in done.stdout
+    for row in rows:
+        calls = row["fs_calls_by_kind"]
+        if row["backend"] == "fsdist" and row["op"] != "barrier":
+            assert calls.get("lock", 0) >= 1 and calls.get("open", 0) > 0, row
+    assert "fs_calls_per_op" in (tmp_path / "result.csv").read_text().splitlines()[0]
+
+
+def test_fs_call_counting_sees_every_kind_and_tells_doorbells_apart(tmp_path) -> None:
+    import fcntl
+    import mmap
+
+    from fsdist.cli.bench import fscalls
+
+    fifo = str(tmp_path / "bell")
+    os.mkfifo(fifo)
+    real = (os.open, os.close, fcntl.fcntl, mmap.mmap)
+    with fscalls.counting() as counts:
+        fd = os.open(tmp_path / "f", os.O_RDWR | os.O_CREAT)
+        fcntl.lockf(fd, fcntl.LOCK_EX)
+        fcntl.fcntl(fd, fcntl.F_GETFL)  # not a lock: counted as a stat-like query
+        os.write(fd, b"x" * 16)
+        os.pread(fd, 4, 0)
+        mmap.mmap(fd, 16).close()
+        os.close(fd)
+        os.rename(tmp_path / "f", tmp_path / "g")
+        os.unlink(tmp_path / "g")
+        bell = os.open(fifo, os.O_RDWR | os.O_NONBLOCK)
+        os.write(bell, b"!")
+        os.read(bell, 1)
+        os.close(bell)
+    assert counts == {"open": 2, "lock": 1, "stat": 1, "write": 1, "read": 1, "mmap": 1, "close": 2,
+                      "rename": 1, "unlink": 1, "ring": 2}, counts  # fmt: skip
+    assert (os.open, os.close, fcntl.fcntl, mmap.mmap) == real, "the real functions are back"
+    with fscalls.counting() as again:
+        os.stat(tmp_path)
+    assert again == {"stat": 1} and counts["stat"] == 1, "counting stopped when its block ended"
 
 
 def test_bench_four_ranks_fsdist_only(tmp_path) -> None:

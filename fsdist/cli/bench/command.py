@@ -68,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
             blocked[str(world)] = {b: max(out["blocked_cpu"][b] for out in outputs[1:]) for b in plan.backends}
     elapsed = time.monotonic() - started
     print(report.table(rows))
+    print(report.fs_calls_table(rows))
     for label, cpu in blocked.items():
         burnt = ", ".join(f"{backend} {seconds:.3f}" for backend, seconds in cpu.items())
         print(f"blocked 1 s in a barrier ({label} ranks), CPU seconds: {burnt}")

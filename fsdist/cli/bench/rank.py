@@ -19,8 +19,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from . import fscalls
 from .ops import make_case
 from .plan import Plan, iterations
+
+#: iterations run again while counting filesystem calls (after the timed ones)
+COUNTED_ITERS = 100
 
 
 def run_cell(op: str, nbytes: int, plan: Plan, group: dist.ProcessGroup) -> dict[str, Any]:
@@ -43,7 +47,15 @@ def run_cell(op: str, nbytes: int, plan: Plan, group: dist.ProcessGroup) -> dict
     cpu = time.process_time() - cpu0
     # back-to-back calls: iteration i took from the end of i-1 to its own end
     times = [b - a for a, b in zip([start, *ends[:-1]], ends, strict=True)]
-    return {"op": op, "nbytes": case.nbytes, "requested": nbytes, "times": times, "cpu": cpu, "error": problem}
+    # filesystem calls in a pass of their own, so counting costs the timed calls nothing
+    counted = min(iters, COUNTED_ITERS)
+    dist.barrier(group=group)
+    with fscalls.counting() as counts:
+        for _ in range(counted):
+            case.run()
+    fs_calls = {kind: n / counted for kind, n in counts.items()}
+    return {"op": op, "nbytes": case.nbytes, "requested": nbytes, "times": times, "cpu": cpu, "error": problem,
+            "fs_calls": fs_calls}  # fmt: skip
 
 
 def blocked_cpu(group: dist.ProcessGroup, seconds: float = 1.0) -> float:

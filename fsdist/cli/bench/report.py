@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .fscalls import KINDS, REMOTE_KINDS
 from .ops import bus_factor
 from .plan import format_size
 
@@ -32,6 +33,8 @@ class Row:
     algbw_gbps: float
     busbw_gbps: float
     cpu_s_per_op: float  # CPU seconds per operation per rank (mean over ranks)
+    #: filesystem calls per operation per rank (mean over ranks), by kind (fscalls.KINDS)
+    fs_calls_by_kind: dict[str, float]
     verified: bool
     error: str | None
 
@@ -59,11 +62,25 @@ def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
                 algbw_gbps=algbw,
                 busbw_gbps=algbw * bus_factor(first["op"], world),
                 cpu_s_per_op=float(np.mean([c["cpu"] for c in cells])) / max(1, len(slowest)),
+                fs_calls_by_kind=_mean_counts([c.get("fs_calls", {}) for c in cells]),
                 verified=not errors,
                 error="; ".join(errors) or None,
             )
         )
     return rows
+
+
+def _mean_counts(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    return {
+        kind: sum(c.get(kind, 0.0) for c in per_rank) / len(per_rank)
+        for kind in KINDS
+        if any(kind in c for c in per_rank)
+    }
+
+
+def _fs_total(row: Row) -> float:
+    """Calls that reach the filesystem (on NFS, the server): doorbell rings and waits are local."""
+    return sum(row.fs_calls_by_kind.get(kind, 0.0) for kind in REMOTE_KINDS)
 
 
 def _time(seconds: float) -> str:
@@ -80,8 +97,8 @@ def table(rows: list[Row]) -> str:
     for row in rows:
         cells.setdefault((row.world, row.op, row.nbytes), {})[row.backend] = row
     header = (
-        f"{'ranks':>5} {'op':<14} {'size':>5} | {'fsdist p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9} |"
-        f" {'gloo p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9} | {'speedup':>7} ok"
+        f"{'ranks':>5} {'op':<14} {'size':>5} | {'fsdist p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9}"
+        f" {'fs/op':>6} | {'gloo p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9} | {'speedup':>7} ok"
     )
     lines = [header, "-" * len(header)]
     for (world, op, nbytes), pair in cells.items():
@@ -89,24 +106,52 @@ def table(rows: list[Row]) -> str:
         parts = [f"{world:>5} {op:<14} {format_size(nbytes):>5}"]
         for side in (fs, gl):
             if side is None:
-                parts.append(f"{'-':>10} {'-':>10} {'-':>6} {'-':>9}")
+                parts.append(f"{'-':>10} {'-':>10} {'-':>6} {'-':>9}" + (f" {'-':>6}" if side is fs else ""))
             else:
                 bw = f"{side.busbw_gbps:6.2f}" if side.busbw_gbps else f"{'-':>6}"
-                parts.append(f"{_time(side.p50_s):>10} {_time(side.p99_s):>10} {bw} {_time(side.cpu_s_per_op):>9}")
+                fs_calls = f" {_fs_total(side):6.1f}" if side is fs else ""
+                parts.append(
+                    f"{_time(side.p50_s):>10} {_time(side.p99_s):>10} {bw} {_time(side.cpu_s_per_op):>9}{fs_calls}"
+                )
         speedup = f"{gl.p50_s / fs.p50_s:6.2f}×" if fs and gl and fs.p50_s > 0 else f"{'-':>7}"
         ok = all(r.verified for r in pair.values())
         parts.append(f"{speedup} {'ok' if ok else 'FAILED'}")
         lines.append(" | ".join(parts))
-    lines.append("speedup = Gloo p50 / fsdist p50 (> 1: fsdist faster); busbw in GB/s; cpu/op per rank")
+    lines.append(
+        "speedup = Gloo p50 / fsdist p50 (> 1: fsdist faster); busbw in GB/s; cpu/op per rank;"
+        " fs/op = filesystem calls per op per rank, measured (doorbells aside: they stay on the machine)"
+    )
     return "\n".join(lines)
+
+
+def fs_calls_table(rows: list[Row]) -> str:
+    """fsdist's filesystem calls per operation per rank, by kind (on NFS each is a round trip,
+    except ``wait``: select on a doorbell FIFO, which stays on the machine)."""
+    header = f"{'ranks':>5} {'op':<14} {'size':>5} | " + " ".join(f"{k:>6}" for k in KINDS) + f" | {'fs/op':>6}"
+    lines = ["filesystem calls per op per rank (fsdist)", header, "-" * len(header)]
+    for row in rows:
+        if row.backend != "fsdist":
+            continue
+        counts = " ".join(f"{row.fs_calls_by_kind.get(k, 0.0):6.1f}" for k in KINDS)
+        lines.append(f"{row.world:>5} {row.op:<14} {format_size(row.nbytes):>5} | {counts} | {_fs_total(row):6.1f}")
+    return "\n".join(lines)
+
+
+def _flat(row: Row) -> dict[str, Any]:
+    """A CSV row: the per-kind filesystem calls as columns fs_<kind> and their total."""
+    flat = asdict(row)
+    by_kind = flat.pop("fs_calls_by_kind")
+    flat["fs_calls_per_op"] = sum(by_kind.get(kind, 0.0) for kind in REMOTE_KINDS)
+    flat.update({f"fs_{kind}": by_kind.get(kind, 0.0) for kind in KINDS})
+    return flat
 
 
 def write_csv(rows: list[Row], path: str) -> None:
     with open(path, "w", newline="") as out:
-        writer = csv.DictWriter(out, fieldnames=list(asdict(rows[0]).keys()) if rows else ["world"])
+        writer = csv.DictWriter(out, fieldnames=list(_flat(rows[0]).keys()) if rows else ["world"])
         writer.writeheader()
         for row in rows:
-            writer.writerow(asdict(row))
+            writer.writerow(_flat(row))
 
 
 def write_json(rows: list[Row], meta: dict[str, Any], path: str) -> None:
