@@ -33,7 +33,8 @@ DEFAULT_TIMEOUT = timedelta(minutes=30)
 #: directory's filesystem would not exclude each other's locks (see docs/filesystems.md).
 ENV_ALLOW_UNSAFE_FS = "FSDIST_ALLOW_UNSAFE_FS"
 
-#: Waiting: spin this long re-checking at once, then sleep with doubling pauses up to the cap.
+#: Waiting: spin this long re-checking at once (not for a peer whose doorbell rings this rank),
+#: then sleep with doubling pauses up to the cap.
 #: The cap bounds both the wake-up latency of a long wait and the CPU a blocked rank burns.
 SPIN_SECONDS = 50e-6
 FIRST_SLEEP_SECONDS = 20e-6
@@ -90,3 +91,9 @@ ENV_GROUP_ACCESS = "FSDIST_GROUP_ACCESS"
 _GROUP = os.environ.get(ENV_GROUP_ACCESS, "") not in ("", "0")
 DIR_MODE = 0o770 if _GROUP else 0o700
 FILE_MODE = 0o660 if _GROUP else 0o600
+
+#: Collective messages whose encoding fits a state record's inline slot (state_record.INLINE_MAX,
+#: ~1 KiB) travel inside the sender's record: one locked write instead of creating, renaming,
+#: opening and later unlinking a file. Set to ``0`` to send every message as a file (to compare).
+ENV_INLINE = "FSDIST_INLINE"
+INLINE = os.environ.get(ENV_INLINE, "1") != "0"

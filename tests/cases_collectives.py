@@ -461,3 +461,24 @@ def sparse_all_reduce() -> Result:
         if "SUM only" not in str(exc):
             result["failures"].append(f"sparse MAX: unexpected message {exc}")
     return result
+
+
+def small_messages_leave_no_files() -> list[int]:
+    """50 small all_reduces and all_gathers: how many message files ever appeared in the group
+    directory (inline slots carry them; with FSDIST_INLINE=0 every one is a file)."""
+    import glob
+    import os
+
+    rank, world = _rank_world()
+    most = 0
+    for i in range(50):
+        t = torch.full((2,), float(rank + i))
+        dist.all_reduce(t)
+        assert t.tolist() == [float(sum(range(world)) + world * i)] * 2
+        outs = [torch.empty(1, dtype=torch.int32) for _ in range(world)]
+        dist.all_gather(outs, torch.tensor([rank * i], dtype=torch.int32))
+        assert [o.item() for o in outs] == [r * i for r in range(world)]
+        group_dirs = glob.glob(os.path.join(os.environ["FSDIST_TEST_DIR"], "gen-*", "groups", "*"))
+        most = max(most, sum(len(glob.glob(os.path.join(d, "m*"))) for d in group_dirs))
+    dist.barrier()
+    return [most]

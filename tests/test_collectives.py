@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import cases_collectives as cases
+from harness import RankPool
 from reference import DTYPES, OPS
 
 WORLDS = [1, 2, 3, 4]
@@ -79,6 +80,21 @@ def test_a_rank_that_never_waits_runs_only_a_bounded_way_ahead(pool_factory) -> 
     most, bound = results[0]
     print(f"rank 0 kept at most {most} unread broadcast files (bound {bound})")
     assert 0 < most <= bound, f"rank 0 kept {most} unread broadcast files (bound {bound})"
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_small_messages_travel_inside_the_state_records(pool_factory, world: int) -> None:
+    results = pool_factory(world).run(cases.small_messages_leave_no_files)
+    assert [r[0] for r in results] == [0] * world, f"message files appeared: {results}"
+
+
+def test_without_inline_messages_small_ones_are_files_and_still_right() -> None:
+    pool = RankPool(2, env={"FSDIST_INLINE": "0"})
+    try:
+        results = pool.run(cases.small_messages_leave_no_files)
+    finally:
+        pool.close()
+    assert all(r[0] > 0 for r in results), results
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])

@@ -12,7 +12,7 @@ import torch
 from fsdist.errors import FsdistError, ProtocolError
 from fsdist.files.io import publish
 from fsdist.files.locks import Counter, LockedRecord
-from fsdist.protocol import message
+from fsdist.protocol import message, state_record
 from fsdist.transport.spares import SparePool
 
 from harness import run_forked
@@ -81,6 +81,36 @@ def test_truncated_and_foreign_files_are_refused(tmp_path) -> None:
             message.Message(str(tmp_path / name))
     with message.Message(str(tmp_path / "cut")) as msg, pytest.raises(FsdistError, match="ended after"):
         msg.read_into(0, torch.empty(100, dtype=torch.int64))
+
+
+def test_inline_messages_round_trip_and_damaged_slots_are_refused() -> None:
+    """Small messages in a state record's slots: found by (seq, step), parsed and bounded."""
+    tensors = [torch.arange(5, dtype=torch.int16), torch.tensor(2.5, dtype=torch.float64), torch.empty(0)]
+    raw = b"".join(message.encode(9, 0, "all_gather float64[]", tensors, message.INLINE_ALIGN))
+    assert len(raw) == message.encoded_size("all_gather float64[]", tensors, message.INLINE_ALIGN)
+    assert len(raw) <= state_record.INLINE_MAX
+    record = bytearray(state_record.POSITION_SIZE)
+    slot = state_record.encode_slot(9, 2, raw)
+    record[state_record.slot_offset(3) : state_record.slot_offset(3) + len(slot)] = slot
+    assert state_record.find_inline(bytes(record), 9, 1) is None  # other step
+    assert state_record.find_inline(bytes(record), 8, 2) is None  # a stale slot of another operation
+    found = state_record.find_inline(bytes(record), 9, 2)
+    assert found == raw
+    msg = message.InlineMessage(found, "record")
+    assert (msg.seq, msg.description, [p.shape for p in msg.parts]) == (9, "all_gather float64[]", [(5,), (), (0,)])
+    out = torch.empty(5, dtype=torch.int16)
+    msg.read_into(0, out)
+    assert out.equal(tensors[0]) and msg.mapped(1, torch.empty((), dtype=torch.float64)).item() == 2.5
+    with pytest.raises(ValueError):
+        state_record.encode_slot(1, 1, bytes(state_record.INLINE_MAX + 1))
+    lying = bytearray(record)
+    struct.pack_into("<qII", lying, state_record.slot_offset(3), 9, 2, state_record.INLINE_SLOT_BYTES * 4)
+    with pytest.raises(ProtocolError, match="claims"):
+        state_record.find_inline(bytes(lying), 9, 2)
+    with pytest.raises(ProtocolError):
+        message.InlineMessage(raw[:-8], "record")  # a part now ends outside the message
+    with pytest.raises(ProtocolError):
+        message.InlineMessage(raw[:40], "record")  # the header itself is cut
 
 
 def test_symlinks_are_not_followed(tmp_path) -> None:

@@ -91,6 +91,11 @@ class Doorbell:
         self._peers[peer] = fd
         return fd
 
+    def reaches(self, peer: int) -> bool:
+        """Whether ``peer`` can ring this rank: it runs on this host (its FIFO opens here, so it
+        opens ours) and this rank has a FIFO to wait on."""
+        return self._fd >= 0 and (self._peers[peer] >= 0 or self._open_peer(peer) >= 0)
+
     def wait(self, seconds: float) -> None:
         """Sleep up to ``seconds``, less if a peer rings; swallow the rings that arrived."""
         if self._fd < 0:

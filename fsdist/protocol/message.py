@@ -36,6 +36,7 @@ _PART = struct.Struct("<BB6xqq")
 _DIM = struct.Struct("<q")
 _CRC = struct.Struct("<I")
 _FIRST_READ = 4096
+_MAX_HEADER = 1 << 24  # 16 MiB of part descriptors: far beyond any real message
 
 #: Wire codes of dtypes. Append only: a code, once given, never changes meaning.
 _DTYPES: list[torch.dtype] = [
@@ -68,12 +69,18 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
-def encode(seq: int, tag: int, description: str, tensors: Sequence[torch.Tensor]) -> list[memoryview | bytes]:
-    """The buffers of a message file (header, then each tensor's bytes with alignment padding)."""
+def encode(
+    seq: int, tag: int, description: str, tensors: Sequence[torch.Tensor], align: int = ALIGN
+) -> list[memoryview | bytes]:
+    """The buffers of a message (header, then each tensor's bytes with alignment padding).
+
+    Files align parts to 64 bytes (mapped reads, vector loads); an inline message in a state
+    record aligns them to ``INLINE_ALIGN`` to fit more into its slot. Readers only follow offsets.
+    """
     desc = description.encode()[:65535]
     parts_size = sum(_PART.size + _DIM.size * t.dim() for t in tensors)
     header_len = _FIXED.size + len(desc) + parts_size + _CRC.size
-    offset = _align(header_len)
+    offset = _align(header_len, align)
     pieces = [_FIXED.pack(MAGIC, VERSION, len(tensors), seq, tag, header_len, len(desc), 0), desc]
     payload: list[memoryview | bytes] = []
     for tensor in tensors:
@@ -84,14 +91,115 @@ def encode(seq: int, tag: int, description: str, tensors: Sequence[torch.Tensor]
         pieces.append(_PART.pack(code, tensor.dim(), nbytes, offset))
         pieces.extend(_DIM.pack(size) for size in tensor.shape)
         payload.append(tensor_bytes(tensor))
-        padding = _align(offset + nbytes) - (offset + nbytes)
+        padding = _align(offset + nbytes, align) - (offset + nbytes)
         if padding:
             payload.append(bytes(padding))
         offset += nbytes + padding
     header = b"".join(pieces)
     header += _CRC.pack(zlib.crc32(header))
-    header += bytes(_align(header_len) - header_len)
+    header += bytes(_align(header_len, align) - header_len)
     return [header, *payload]
+
+
+def encoded_size(description: str, tensors: Sequence[torch.Tensor], align: int = ALIGN) -> int:
+    """The bytes ``encode`` would produce, without producing them (to choose inline or file)."""
+    size = _align(
+        _FIXED.size + len(description.encode()[:65535]) + sum(_PART.size + _DIM.size * t.dim() for t in tensors)
+        + _CRC.size, align
+    )  # fmt: skip
+    return size + sum(_align(t.numel() * t.element_size(), align) for t in tensors)
+
+
+def parse_header(head: bytes, where: str) -> tuple[int, int, str, list[Part], int]:
+    """(seq, tag, description, parts, header length) of a message starting ``head``, checked.
+
+    ``head`` must hold the whole header: a ProtocolError says how long it is when it does not.
+    """
+    if len(head) < _FIXED.size:
+        raise ProtocolError(f"{where}: {len(head)} bytes is too short for a message header")
+    magic, version, nparts, seq, tag, header_len, desc_len, _ = _FIXED.unpack_from(head)
+    if magic != MAGIC:
+        raise ProtocolError(f"{where} is not an fsdist message (magic {magic!r})")
+    if version != VERSION:
+        raise ProtocolError(f"{where} has message format version {version}; this fsdist reads {VERSION}")
+    if not _FIXED.size + desc_len + _CRC.size <= header_len <= _MAX_HEADER:
+        raise ProtocolError(f"{where}: header length {header_len} is impossible (corrupt or foreign file)")
+    if header_len > len(head):
+        raise _ShortHeaderError(header_len)
+    (crc,) = _CRC.unpack_from(head, header_len - _CRC.size)
+    if zlib.crc32(head[: header_len - _CRC.size]) != crc:
+        raise ProtocolError(f"{where}: header checksum mismatch (corrupt or foreign file)")
+    pos = _FIXED.size
+    description = head[pos : pos + desc_len].decode(errors="replace")
+    pos += desc_len
+    parts: list[Part] = []
+    for _ in range(nparts):
+        code, ndim, nbytes, offset = _PART.unpack_from(head, pos)
+        pos += _PART.size
+        shape = tuple(_DIM.unpack_from(head, pos + i * _DIM.size)[0] for i in range(ndim))
+        pos += ndim * _DIM.size
+        if code not in CODE_DTYPE:
+            raise ProtocolError(f"{where}: unknown dtype code {code}")
+        parts.append(Part(CODE_DTYPE[code], shape, nbytes, offset))
+    return seq, tag, description, parts, header_len
+
+
+class _ShortHeaderError(ProtocolError):
+    """The header is longer than the bytes read so far (a file reader reads the rest)."""
+
+    def __init__(self, header_len: int) -> None:
+        super().__init__(f"the message header is {header_len} bytes long")
+        self.header_len = header_len
+
+
+#: Part alignment of inline messages (enough for every dtype's element alignment).
+INLINE_ALIGN = 16
+
+
+class InlineMessage:
+    """A small message carried in a peer's state record (protocol/state_record.py), already read."""
+
+    def __init__(self, raw: bytes, where: str) -> None:
+        self.path = where
+        try:
+            self.seq, self.tag, self.description, self.parts, _ = parse_header(raw, where)
+        except _ShortHeaderError as exc:
+            raise ProtocolError(f"{where}: inline message of {len(raw)} bytes, header of {exc.header_len}") from None
+        for index, part in enumerate(self.parts):
+            if part.offset < 0 or part.nbytes < 0 or part.offset + part.nbytes > len(raw):
+                raise ProtocolError(f"{where}: part {index} lies outside the {len(raw)}-byte inline message")
+        self._raw = raw
+
+    def _bytes(self, index: int, byte_offset: int, want: int) -> memoryview:
+        part = self.parts[index]
+        if byte_offset < 0 or byte_offset + want > part.nbytes:
+            raise ProtocolError(
+                f"{self.path}: part {index} holds {part.nbytes} bytes, asked for {want} at {byte_offset}"
+            )
+        start = part.offset + byte_offset
+        return memoryview(self._raw)[start : start + want]
+
+    def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
+        want = dest.numel() * dest.element_size()
+        if want:
+            tensor_bytes(dest)[:] = self._bytes(index, byte_offset, want)
+
+    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
+        want = like.numel() * like.element_size()
+        copy = bytearray(self._bytes(index, byte_offset, want))  # small: a copy is the cheap way
+        return torch.frombuffer(copy, dtype=like.dtype, count=like.numel()).view(like.shape)
+
+    def file_size(self) -> int:
+        return 0  # it lives in the record: disposing of it frees no file
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> InlineMessage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 class Message:
@@ -108,32 +216,13 @@ class Message:
 
     def _parse_header(self) -> None:
         head = os.pread(self._fd, _FIRST_READ, 0)
-        if len(head) < _FIXED.size:
-            raise ProtocolError(f"{self.path}: {len(head)} bytes is too short for a message header")
-        magic, version, nparts, self.seq, self.tag, header_len, desc_len, _ = _FIXED.unpack_from(head)
-        if magic != MAGIC:
-            raise ProtocolError(f"{self.path} is not an fsdist message (magic {magic!r})")
-        if version != VERSION:
-            raise ProtocolError(f"{self.path} has message format version {version}; this fsdist reads {VERSION}")
-        if header_len > len(head):
-            buffer = bytearray(header_len)
+        try:
+            parsed = parse_header(head, self.path)
+        except _ShortHeaderError as short:
+            buffer = bytearray(short.header_len)
             read_exact(self._fd, memoryview(buffer), 0, self.path)
-            head = bytes(buffer)
-        (crc,) = _CRC.unpack_from(head, header_len - _CRC.size)
-        if zlib.crc32(head[: header_len - _CRC.size]) != crc:
-            raise ProtocolError(f"{self.path}: header checksum mismatch (corrupt or foreign file)")
-        pos = _FIXED.size
-        self.description = head[pos : pos + desc_len].decode(errors="replace")
-        pos += desc_len
-        self.parts: list[Part] = []
-        for _ in range(nparts):
-            code, ndim, nbytes, offset = _PART.unpack_from(head, pos)
-            pos += _PART.size
-            shape = tuple(_DIM.unpack_from(head, pos + i * _DIM.size)[0] for i in range(ndim))
-            pos += ndim * _DIM.size
-            if code not in CODE_DTYPE:
-                raise ProtocolError(f"{self.path}: unknown dtype code {code}")
-            self.parts.append(Part(CODE_DTYPE[code], shape, nbytes, offset))
+            parsed = parse_header(bytes(buffer), self.path)
+        self.seq, self.tag, self.description, self.parts, _ = parsed
 
     def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
         """Fill contiguous CPU ``dest`` from part ``index``, starting ``byte_offset`` into the part."""
@@ -183,5 +272,5 @@ class Message:
         self.close()
 
 
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
+def _align(n: int, align: int = ALIGN) -> int:
+    return (n + align - 1) // align * align

@@ -4,7 +4,7 @@ Written only by its rank, read by its peers, always under the file's fcntl lock 
 
     offset  size  field
     0       4     magic b"FSST"
-    4       2     version (1), little-endian like every field
+    4       2     version (2), little-endian like every field
     6       2     flags: bit 0 = the rank closed the group
     8       8     seq: the operation the rank is in (int64; 0 before the first)
     16      4     step: the last step of it the rank announced (uint32)
@@ -12,8 +12,17 @@ Written only by its rank, read by its peers, always under the file's fcntl lock 
     22      2     zero
     24      8     history hash after operation seq (uint64)
     32      224   the operation's description, UTF-8, zero-padded (describe.py's text)
-    256     8·N   sent[dst]: how many messages this rank has sent to rank dst (int64 each)
-    256+8N  8·N   received[src]: how many of src's messages this rank has consumed
+    256     4·1K  INLINE_SLOTS inline slots of INLINE_SLOT_BYTES each (below)
+    4352    8·N   sent[dst]: how many messages this rank has sent to rank dst (int64 each)
+    4352+8N 8·N   received[src]: how many of src's messages this rank has consumed
+
+An inline slot carries one small collective message inside the record, so publishing it is one
+locked write of the record the rank writes anyway, and a peer that reads the record to see the
+step has the message in the same read: no file to create, rename, open or unlink. A slot is
+``<q I I>`` (seq, step, message length; length 0 = empty) followed by the message in the format
+of protocol/message.py (with its own seq, description and CRC, checked by the reader). The
+writer reuses a slot only after every peer's record shows it past the slot's operation; with no
+free slot it publishes a file.
 
 The history hash chains every description so far: ``h(seq) = blake2b-64(h(seq-1) as 8 bytes
 little-endian ‖ description of seq)``, ``h(0) = 0``, read as a little-endian uint64. Two ranks
@@ -34,7 +43,11 @@ __all__ = [
     "DESCRIPTION_MAX",
     "FLAG_CLOSED",
     "HEADER_SIZE",
+    "INLINE_MAX",
+    "INLINE_SLOTS",
+    "INLINE_SLOT_BYTES",
     "NOT_STARTED",
+    "POSITION_SIZE",
     "VERSION",
     "PeerState",
     "chain",
@@ -42,20 +55,31 @@ __all__ = [
     "decode_counter",
     "encode",
     "encode_counter",
+    "encode_slot",
+    "find_inline",
     "fit",
     "received_offset",
     "sent_offset",
+    "slot_offset",
 ]
 
 _HEADER = struct.Struct("<4sHHqIH2xQ")
 _MAGIC = b"FSST"
-VERSION = 1
+VERSION = 2
 _DESCRIPTION_OFFSET = 32
 DESCRIPTION_MAX = 224
-#: The header and the description: what a reader of positions (a peer, `fsdist status`) reads.
+#: The header and the description: what a reader of positions (`fsdist status`) reads.
 HEADER_SIZE = _DESCRIPTION_OFFSET + DESCRIPTION_MAX
-_SLOT = struct.Struct("<q")
-COUNTER_SIZE = _SLOT.size
+#: Inline slots: how many small messages a rank may have in its record at once, and their size.
+INLINE_SLOTS = 4
+INLINE_SLOT_BYTES = 1024
+_INLINE = struct.Struct("<qII")
+#: The largest encoded message a slot holds.
+INLINE_MAX = INLINE_SLOT_BYTES - _INLINE.size
+#: What a peer reads to learn a rank's position and its inline messages in one go.
+POSITION_SIZE = HEADER_SIZE + INLINE_SLOTS * INLINE_SLOT_BYTES
+_COUNTER = struct.Struct("<q")
+COUNTER_SIZE = _COUNTER.size
 FLAG_CLOSED = 1
 
 
@@ -108,17 +132,43 @@ def decode(raw: bytes, path: str) -> PeerState:
 
 
 def sent_offset(dst: int) -> int:
-    return HEADER_SIZE + _SLOT.size * dst
+    return POSITION_SIZE + _COUNTER.size * dst
 
 
 def received_offset(src: int, size: int) -> int:
-    return HEADER_SIZE + _SLOT.size * (size + src)
+    return POSITION_SIZE + _COUNTER.size * (size + src)
+
+
+def slot_offset(slot: int) -> int:
+    return HEADER_SIZE + slot * INLINE_SLOT_BYTES
+
+
+def encode_slot(seq: int, step: int, message: bytes) -> bytes:
+    """An inline slot holding ``message`` (at most INLINE_MAX bytes) of (``seq``, ``step``)."""
+    if len(message) > INLINE_MAX:
+        raise ValueError(f"{len(message)} bytes do not fit an inline slot ({INLINE_MAX})")
+    return _INLINE.pack(seq, step, len(message)) + message
+
+
+def find_inline(raw: bytes, seq: int, step: int) -> bytes | None:
+    """The message of (``seq``, ``step``) among the inline slots of ``raw`` (a record's first
+    POSITION_SIZE bytes), or None; the caller still checks the message's own header."""
+    for slot in range(INLINE_SLOTS):
+        start = slot_offset(slot)
+        if len(raw) < start + _INLINE.size:
+            break
+        slot_seq, slot_step, length = _INLINE.unpack_from(raw, start)
+        if length and slot_seq == seq and slot_step == step:
+            if length > INLINE_MAX or start + _INLINE.size + length > len(raw):
+                raise ProtocolError(f"inline slot {slot} claims {length} bytes (at most {INLINE_MAX})")
+            return raw[start + _INLINE.size : start + _INLINE.size + length]
+    return None
 
 
 def encode_counter(value: int) -> bytes:
-    return _SLOT.pack(value)
+    return _COUNTER.pack(value)
 
 
 def decode_counter(raw: bytes) -> int:
     """A counter's value; 0 while it has not been written."""
-    return int(_SLOT.unpack(raw)[0]) if len(raw) == _SLOT.size else 0
+    return int(_COUNTER.unpack(raw)[0]) if len(raw) == _COUNTER.size else 0

@@ -18,13 +18,13 @@ from collections.abc import Sequence
 
 import torch
 
-from ..defaults import GC_EVERY
+from ..defaults import GC_EVERY, INLINE
 from ..errors import PeerFailedError
 from ..files.io import make_private_dir, remove_tree
 from ..files.locks import Counter
 from ..files.waiting import Deadline
 from ..job.liveness import PeerWatch
-from ..protocol import layout, message
+from ..protocol import layout, message, state_record
 from ..protocol.state_record import PeerState
 from .pairs import Pairs
 from .progress import Progress
@@ -66,9 +66,20 @@ class GroupTransport:
         return self.retention.spares.enabled
 
     def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
-        """Publish this rank's message for (current operation, ``step``), then reach the step."""
-        seq = self.progress.seq
-        buffers = message.encode(seq, tag, self.progress.description, tensors)
+        """Publish this rank's message for (current operation, ``step``), then reach the step.
+
+        A small message goes into a free inline slot of this rank's record, in the same locked
+        write that announces the step; anything else (or with no slot free) into a file.
+        """
+        seq, description = self.progress.seq, self.progress.description
+        if INLINE and message.encoded_size(description, tensors, message.INLINE_ALIGN) <= state_record.INLINE_MAX:
+            slot = self.retention.free_slot()
+            if slot is not None:
+                encoded = b"".join(message.encode(seq, tag, description, tensors, message.INLINE_ALIGN))
+                self.progress.advance_inline(step, slot, encoded)
+                self.retention.keep_inline(seq, slot)
+                return
+        buffers = message.encode(seq, tag, description, tensors)
         size = sum(len(b) for b in buffers)
         path, spare = self.retention.write(layout.message_name(self.rank, seq, step), buffers, size)
         self.retention.keep(seq, path, size, spare)
@@ -80,11 +91,18 @@ class GroupTransport:
     def wait_for(self, peer: int, step: int) -> None:
         self.progress.wait_for(peer, step)
 
-    def open_message(self, peer: int, step: int) -> message.Message:
+    def open_message(self, peer: int, step: int) -> message.Message | message.InlineMessage:
         """Open ``peer``'s message for (current operation, ``step``); call ``wait_for`` first."""
         progress = self.progress
+        inline = progress.inline_message(peer, step)
+        msg: message.Message | message.InlineMessage
         try:
-            msg = message.Message(os.path.join(self.directory, layout.message_name(peer, progress.seq, step)))
+            if inline is not None:
+                msg = message.InlineMessage(
+                    inline, f"{progress.state_path(peer)} (operation #{progress.seq} step {step})"
+                )
+            else:
+                msg = message.Message(os.path.join(self.directory, layout.message_name(peer, progress.seq, step)))
         except FileNotFoundError:
             # the peer went past this operation without publishing this step: it ran another one
             state = progress.peer_state(peer)

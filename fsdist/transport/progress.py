@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections import deque
 
+from ..defaults import SPIN_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
 from ..files.doorbell import Doorbell
 from ..files.locks import LockedRecord
@@ -46,6 +47,8 @@ class Progress:
         self._abort = LockedRecord(os.path.join(directory, layout.ABORT_FILE))
         #: the highest operation each peer was seen in (garbage collection reads it)
         self.peer_seq = [-1] * size
+        #: each peer's record as last read (position and inline messages: one read gives both)
+        self._seen = [b""] * size
         # running hash of every description so far, per seq: two ranks whose hashes differ at
         # the same seq called different operations somewhere, even if neither waited then
         self._chain = 0
@@ -53,19 +56,37 @@ class Progress:
         self._history_order: deque[int] = deque([0])
         self.others = [r for r in range(size) if r != rank]
         self.bell = Doorbell([layout.doorbell_file(directory, r) for r in range(size)], rank)
-        self._write()
+        #: this rank's record as last written: a message goes out with the header in one pwrite
+        self._mine = bytearray(state_record.POSITION_SIZE)
+        #: entered an operation whose start the record does not show yet (see ``enter``)
+        self._unwritten = False
+        # the whole position part at once (header and empty inline slots): a peer's read of it
+        # is then one full pread, never a short one followed by another to find the end
+        self._mine[: state_record.HEADER_SIZE] = self._header()
+        self._records[self.rank].write(bytes(self._mine))
 
     # ---- this rank ----------------------------------------------------------------------
 
     def enter(self, seq: int, description: str) -> None:
-        """Start operation ``seq``, described by ``description``, and say so in the record."""
+        """Start operation ``seq``, described by ``description``.
+
+        The record says so with this rank's first write in the operation (its first message or
+        step) or, if it must wait before that, just before it waits: a peer learns of an
+        operation no later than it could need to (to see a desync, to know what this rank waits
+        for), and an operation that starts by publishing costs one record write, not two.
+        """
         self.seq, self.step, self.description = seq, 0, state_record.fit(description)
         self._chain = state_record.chain(self._chain, description)
         self._history[seq] = (self._chain, self.description)
         self._history_order.append(seq)
         if len(self._history_order) > _HISTORY:
             self._history.pop(self._history_order.popleft(), None)
-        self._write()
+        self._unwritten = True
+
+    def flush(self) -> None:
+        """Write the record if it does not show the operation this rank is in yet."""
+        if self._unwritten:
+            self._write()
 
     def advance(self, step: int) -> None:
         """Reach ``step`` of the current operation, and ring the peers that may wait for it.
@@ -77,6 +98,29 @@ class Progress:
         self._write()
         self.bell.ring(self.others)  # after the record: a woken peer finds what it waits for
 
+    def advance_inline(self, step: int, slot: int, message: bytes) -> None:
+        """Reach ``step`` with its message in inline slot ``slot``: one write of the record, from
+        its start through the slot (the slots before it rewritten as they are)."""
+        self.step = step
+        start = state_record.slot_offset(slot)
+        encoded = state_record.encode_slot(self.seq, step, message)
+        self._mine[start : start + len(encoded)] = encoded
+        self._mine[: state_record.HEADER_SIZE] = self._header()
+        self._records[self.rank].write(bytes(self._mine[: start + len(encoded)]))
+        self._unwritten = False
+        self.bell.ring(self.others)
+
+    def inline_message(self, peer: int, step: int) -> bytes | None:
+        """``peer``'s inline message of (current operation, ``step``), or None if it sent a file.
+
+        Usually in the record as read by the wait that saw the step; read once more otherwise.
+        """
+        found = state_record.find_inline(self._seen[peer], self.seq, step)
+        if found is None:
+            self.peer_state(peer)
+            found = state_record.find_inline(self._seen[peer], self.seq, step)
+        return found
+
     def close(self) -> None:
         """Mark this rank's record closed (peers waiting for it fail at once) and let go of files."""
         self._flags |= state_record.FLAG_CLOSED
@@ -87,10 +131,14 @@ class Progress:
         self.bell.close()
         self.watch.close()
 
+    def _header(self) -> bytes:
+        return state_record.encode(self.seq, self.step, self.description, self._chain, self._flags)
+
     def _write(self) -> None:
-        self._records[self.rank].write(
-            state_record.encode(self.seq, self.step, self.description, self._chain, self._flags)
-        )
+        header = self._header()
+        self._mine[: state_record.HEADER_SIZE] = header
+        self._records[self.rank].write(header)
+        self._unwritten = False
 
     def write_counter(self, offset: int, value: int) -> None:
         """One of this rank's point-to-point counters (state_record's sent/received offsets)."""
@@ -103,7 +151,9 @@ class Progress:
 
     def peer_state(self, peer: int) -> PeerState:
         """``peer``'s record, compared with this rank's history (DesyncError on a divergence)."""
-        theirs = state_record.decode(self._records[peer].read(0, state_record.HEADER_SIZE), self.state_path(peer))
+        raw = self._records[peer].read(0, state_record.POSITION_SIZE)
+        self._seen[peer] = raw
+        theirs = state_record.decode(raw, self.state_path(peer))
         if theirs is state_record.NOT_STARTED:
             return theirs
         seq = theirs.seq
@@ -134,12 +184,17 @@ class Progress:
                 )
             return None
 
+        if self._unwritten:  # about to wait: peers must see what this rank is in first
+            if arrived():
+                return
+            self._write()
         poll(
             arrived,
             self.deadline(),
             lambda: self.timed_out(peer, f"step {step}"),
             lambda: self.check_health(peer),
             self.bell.wait,
+            spin=0.0 if self.bell.reaches(peer) else SPIN_SECONDS,  # a local peer rings: no re-reads
         )
 
     def desync(self, peer: int, theirs: str) -> DesyncError:

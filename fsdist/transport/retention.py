@@ -18,6 +18,7 @@ from ..defaults import ENV_REUSE_FILES, GC_BYTES, GC_EVERY, REUSE_FILES, REUSE_M
 from ..files.io import publish
 from ..files.waiting import poll
 from ..fs.mounts import is_local
+from ..protocol.state_record import INLINE_SLOTS
 from .progress import Progress
 from .spares import SpareFile, SparePool
 
@@ -30,8 +31,10 @@ class Retention:
     def __init__(self, progress: Progress) -> None:
         self._progress = progress
         self.directory = progress.directory
-        # (seq, path, bytes, the spare it was written through), oldest first
-        self._published: deque[tuple[int, str, int, SpareFile | None]] = deque()
+        # (seq, path, bytes, the spare it was written through, or the inline slot), oldest first
+        self._published: deque[tuple[int, str | None, int, SpareFile | None, int | None]] = deque()
+        #: which inline slots of this rank's record hold a message peers may still read
+        self._slot_in_use = [False] * INLINE_SLOTS
         self._bytes = 0
         self.spares = SparePool(
             self.directory, progress.rank, _reuse_files(self.directory), REUSE_FILES, REUSE_MIN_BYTES
@@ -48,8 +51,19 @@ class Retention:
 
     def keep(self, seq: int, path: str, size: int, spare: SpareFile | None) -> None:
         """Remember a published collective message until every peer is past ``seq``."""
-        self._published.append((seq, path, size, spare))
+        self._published.append((seq, path, size, spare, None))
         self._bytes += size
+
+    def free_slot(self) -> int | None:
+        """An inline slot no peer may still read (collecting first if none is), or None."""
+        if all(self._slot_in_use):
+            self.collect()
+        return next((slot for slot, used in enumerate(self._slot_in_use) if not used), None)
+
+    def keep_inline(self, seq: int, slot: int) -> None:
+        """Hold inline slot ``slot`` until every peer is past ``seq``."""
+        self._slot_in_use[slot] = True
+        self._published.append((seq, None, 0, None, slot))
 
     def collect_if_due(self, seq: int) -> None:
         """Collect every GC_EVERY operations, past GC_BYTES, or when a spare is in reach."""
@@ -71,13 +85,16 @@ class Retention:
                 progress.peer_state(peer)
         done_below = min((progress.peer_seq[r] for r in progress.others), default=progress.seq + 1)
         while self._published and self._published[0][0] < done_below:
-            _, path, size, spare = self._published.popleft()
-            self._bytes -= size
-            self.spares.give_back(path, size, spare)
+            _, path, size, spare, slot = self._published.popleft()
+            if slot is not None:
+                self._slot_in_use[slot] = False
+            elif path is not None:
+                self._bytes -= size
+                self.spares.give_back(path, size, spare)
 
     def close(self) -> None:
         """Unmap every spare (the files themselves go with the group's directory)."""
-        for _, _, _, spare in self._published:
+        for _, _, _, spare, _ in self._published:
             if spare is not None:
                 spare.close(remove=False)
         self.spares.close()
@@ -89,6 +106,7 @@ class Retention:
     def _wait_for_stragglers(self) -> None:
         """Block until the slowest peer is within RUN_AHEAD / 2 operations of this rank."""
         progress = self._progress
+        progress.flush()  # about to wait: peers must see where this rank is
 
         def caught_up() -> bool | None:
             self.collect()
