@@ -97,3 +97,7 @@ FILE_MODE = 0o660 if _GROUP else 0o600
 #: opening and later unlinking a file. Set to ``0`` to send every message as a file (to compare).
 ENV_INLINE = "FSDIST_INLINE"
 INLINE = os.environ.get(ENV_INLINE, "1") != "0"
+#: A synchronous operation of at most this many bytes runs on its caller's thread when nothing
+#: is queued before it (no hand-off to the group's worker and back). Larger ones stay on the
+#: worker, whose reductions are single-threaded (REDUCE_THREADS) where the caller's may not be.
+INLINE_RUN_BYTES = 64 << 10

@@ -482,3 +482,38 @@ def small_messages_leave_no_files() -> list[int]:
         most = max(most, sum(len(glob.glob(os.path.join(d, "m*"))) for d in group_dirs))
     dist.barrier()
     return [most]
+
+
+def async_ops_progress_while_the_caller_blocks_elsewhere() -> list[str]:
+    """An async collective must run without its caller waiting for it: rank 0 starts an
+    all_reduce and then blocks in a receive that rank 1 only sends after the all_reduce. (A
+    synchronous small op runs on its caller's thread; an async one must not wait for that.)"""
+    import threading
+
+    rank, world = _rank_world()
+    t = torch.ones(3)
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True)
+        got = torch.zeros(1)
+        dist.recv(got, src=1)
+        work.wait()
+        assert got.item() == 7.0
+    else:
+        dist.all_reduce(t)
+        if rank == 1:
+            dist.send(torch.tensor([7.0]), dst=0)
+    assert t.tolist() == [float(world)] * 3
+    # a small op its caller waits for at once runs on the caller's thread; a large one on the worker
+    pg = dist.distributed_c10d._get_default_group()
+    here = threading.current_thread().name
+    small = [pg.allreduce([torch.ones(2)]) for _ in range(1)]
+    ran = []
+    for _ in range(20):
+        work = pg.allreduce([torch.ones(2)])
+        work.wait()
+        ran.append(work.ran_on)
+    large = pg.allreduce([torch.ones(1 << 18)])
+    large.wait()
+    small[0].wait()
+    dist.barrier()
+    return [f"{sum(r == here for r in ran)} of 20 on the caller", large.ran_on]

@@ -83,6 +83,13 @@ def test_a_rank_that_never_waits_runs_only_a_bounded_way_ahead(pool_factory) -> 
 
 
 @pytest.mark.parametrize("world", [2, 3])
+def test_async_ops_progress_while_the_caller_blocks_elsewhere(pool_factory, world: int) -> None:
+    for on_caller, large in pool_factory(world).run(cases.async_ops_progress_while_the_caller_blocks_elsewhere):
+        assert int(on_caller.split()[0]) >= 15, on_caller  # the caller claims it before it lets go of the GIL
+        assert large.startswith("fsdist-"), large  # 1 MiB: the worker's single-threaded reductions
+
+
+@pytest.mark.parametrize("world", [2, 3])
 def test_small_messages_travel_inside_the_state_records(pool_factory, world: int) -> None:
     results = pool_factory(world).run(cases.small_messages_leave_no_files)
     assert [r[0] for r in results] == [0] * world, f"message files appeared: {results}"

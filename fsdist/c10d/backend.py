@@ -123,7 +123,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             self._seq += 1
             seq = self._seq
         work = FsdistWork(outputs, description)
-        nbytes = tensor_bytes(inputs, outputs) if self._debug else 0
+        nbytes = tensor_bytes(inputs, outputs)
 
         def execute() -> None:
             start = time.perf_counter() if self._debug else 0.0
@@ -141,7 +141,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 if self._debug:
                     self._log_op(seq, description, nbytes, time.perf_counter() - start, error)
 
-        return self._queue.submit(work, execute)
+        return self._queue.submit(work, execute, nbytes)
 
     def _log_op(self, seq: int | None, description: str, nbytes: int, seconds: float, error: str = "") -> None:
         log_op(self._generation.rank, self._group_name, seq, description, nbytes, seconds, error)
