@@ -93,7 +93,7 @@ DIR_MODE = 0o770 if _GROUP else 0o700
 FILE_MODE = 0o660 if _GROUP else 0o600
 
 #: Collective messages whose encoding fits a state record's inline slot (state_record.INLINE_MAX,
-#: ~1 KiB) travel inside the sender's record: one locked write instead of creating, renaming,
+#: ~2 KiB) travel inside the sender's record: one locked write instead of creating, renaming,
 #: opening and later unlinking a file. Set to ``0`` to send every message as a file (to compare).
 ENV_INLINE = "FSDIST_INLINE"
 INLINE = os.environ.get(ENV_INLINE, "1") != "0"

@@ -12,9 +12,9 @@ Written only by its rank, read by its peers, always under the file's fcntl lock 
     22      2     zero
     24      8     history hash after operation seq (uint64)
     32      224   the operation's description, UTF-8, zero-padded (describe.py's text)
-    256     4·1K  INLINE_SLOTS inline slots of INLINE_SLOT_BYTES each (below)
-    4352    8·N   sent[dst]: how many messages this rank has sent to rank dst (int64 each)
-    4352+8N 8·N   received[src]: how many of src's messages this rank has consumed
+    256     4·2K  INLINE_SLOTS inline slots of INLINE_SLOT_BYTES each (below)
+    8448    8·N   sent[dst]: how many messages this rank has sent to rank dst (int64 each)
+    8448+8N 8·N   received[src]: how many of src's messages this rank has consumed
 
 An inline slot carries one small collective message inside the record, so publishing it is one
 locked write of the record the rank writes anyway, and a peer that reads the record to see the
@@ -72,7 +72,7 @@ DESCRIPTION_MAX = 224
 HEADER_SIZE = _DESCRIPTION_OFFSET + DESCRIPTION_MAX
 #: Inline slots: how many small messages a rank may have in its record at once, and their size.
 INLINE_SLOTS = 4
-INLINE_SLOT_BYTES = 1024
+INLINE_SLOT_BYTES = 2048
 _INLINE = struct.Struct("<qII")
 #: The largest encoded message a slot holds.
 INLINE_MAX = INLINE_SLOT_BYTES - _INLINE.size
