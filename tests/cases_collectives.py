@@ -464,12 +464,19 @@ def sparse_all_reduce() -> Result:
 
 
 def small_messages_leave_no_files() -> list[int]:
-    """50 small all_reduces and all_gathers: how many message files ever appeared in the group
-    directory (inline slots carry them; with FSDIST_INLINE=0 every one is a file)."""
+    """50 small all_reduces and all_gathers: how many message files of theirs ever appeared in
+    the group directories (inline slots carry them; with FSDIST_INLINE=0 every one is a file).
+    Files that earlier cases left for garbage collection are not counted."""
     import glob
     import os
 
+    def message_files() -> set[str]:
+        group_dirs = glob.glob(os.path.join(os.environ["FSDIST_TEST_DIR"], "gen-*", "groups", "*"))
+        return {path for d in group_dirs for path in glob.glob(os.path.join(d, "m*"))}
+
     rank, world = _rank_world()
+    dist.barrier()
+    before = message_files()
     most = 0
     for i in range(50):
         t = torch.full((2,), float(rank + i))
@@ -478,8 +485,7 @@ def small_messages_leave_no_files() -> list[int]:
         outs = [torch.empty(1, dtype=torch.int32) for _ in range(world)]
         dist.all_gather(outs, torch.tensor([rank * i], dtype=torch.int32))
         assert [o.item() for o in outs] == [r * i for r in range(world)]
-        group_dirs = glob.glob(os.path.join(os.environ["FSDIST_TEST_DIR"], "gen-*", "groups", "*"))
-        most = max(most, sum(len(glob.glob(os.path.join(d, "m*"))) for d in group_dirs))
+        most = max(most, len(message_files() - before))
     dist.barrier()
     return [most]
 
