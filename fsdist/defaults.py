@@ -37,6 +37,11 @@ ENV_ALLOW_UNSAFE_FS = "FSDIST_ALLOW_UNSAFE_FS"
 #: then sleep with doubling pauses up to the cap.
 #: The cap bounds both the wake-up latency of a long wait and the CPU a blocked rank burns.
 SPIN_SECONDS = 50e-6
+#: A peer that rings this rank, where every rank of the group on this machine has a core of its
+#: own: busy-wait this long for its ring before sleeping. A sleeping (virtual) CPU takes 50-100
+#: µs to wake, more than a small operation's whole cost, and a spinning waiter steals no CPU
+#: that a peer needs when there are cores enough. The spin reads the doorbell, not the record.
+RING_SPIN_SECONDS = 300e-6
 FIRST_SLEEP_SECONDS = 20e-6
 MAX_SLEEP_SECONDS = 2e-3
 #: A wait that has lasted this long sleeps up to LONG_SLEEP_SECONDS between polls: a peer on
@@ -101,3 +106,6 @@ INLINE = os.environ.get(ENV_INLINE, "1") != "0"
 #: is queued before it (no hand-off to the group's worker and back). Larger ones stay on the
 #: worker, whose reductions are single-threaded (REDUCE_THREADS) where the caller's may not be.
 INLINE_RUN_BYTES = 64 << 10
+#: Such an operation that its caller has not waited for after this long (an ``async_op=True``
+#: one) is taken by the worker. The worker is not woken for it, only looks this often.
+HANDOFF_SECONDS = 2e-3

@@ -9,6 +9,8 @@ that all ranks got bit-identical results.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -494,7 +496,6 @@ def async_ops_progress_while_the_caller_blocks_elsewhere() -> list[str]:
     """An async collective must run without its caller waiting for it: rank 0 starts an
     all_reduce and then blocks in a receive that rank 1 only sends after the all_reduce. (A
     synchronous small op runs on its caller's thread; an async one must not wait for that.)"""
-    import threading
 
     rank, world = _rank_world()
     t = torch.ones(3)
@@ -509,6 +510,19 @@ def async_ops_progress_while_the_caller_blocks_elsewhere() -> list[str]:
         if rank == 1:
             dist.send(torch.tensor([7.0]), dst=0)
     assert t.tolist() == [float(world)] * 3
+    # rank 0 blocks outside fsdist (no wait() or receive to run anything): the worker must take
+    # the op, also after the group was idle long enough for the worker to stop looking
+    for idle in (0.0, 0.5):
+        time.sleep(idle)
+        u = torch.ones(2)
+        if rank == 0:
+            work = dist.all_reduce(u, async_op=True)
+            threading.Event().wait(0.5)
+            assert work.is_completed(), f"an async all_reduce did not run while its caller slept (idle {idle} s)"
+            work.wait()
+        else:
+            dist.all_reduce(u)
+        assert u.tolist() == [float(world)] * 2
     # a small op its caller waits for at once runs on the caller's thread; a large one on the worker
     pg = dist.distributed_c10d._get_default_group()
     here = threading.current_thread().name

@@ -85,14 +85,13 @@ def modes_of_everything_in_the_run_directory() -> list[str]:
     dist.send(torch.ones(1), (dist.get_rank() + 1) % dist.get_world_size())
     wrong = []
     for base, dirs, files in os.walk(os.environ["FSDIST_TEST_DIR"]):
-        for name in dirs:
-            mode = os.stat(os.path.join(base, name)).st_mode & 0o777
+        for name in [*dirs, *files]:
+            try:
+                mode = os.stat(os.path.join(base, name)).st_mode & 0o777
+            except FileNotFoundError:
+                continue  # a peer's temporary file, renamed since the listing
             if mode & 0o077:
-                wrong.append(f"{name}/ {oct(mode)}")
-        for name in files:
-            mode = os.stat(os.path.join(base, name)).st_mode & 0o777
-            if mode & 0o077:
-                wrong.append(f"{name} {oct(mode)}")
+                wrong.append(f"{name}{'/' if name in dirs else ''} {oct(mode)}")
     dist.recv(torch.zeros(1), (dist.get_rank() - 1) % dist.get_world_size())
     return wrong
 

@@ -36,6 +36,7 @@ class Doorbell:
     def __init__(self, paths: list[str], rank: int) -> None:
         """``paths``: every rank's FIFO (this rank's is made here); ``rank``: this rank."""
         self._paths = paths
+        self._rank = rank
         size = len(paths)
         self._fd = -1
         path = paths[rank]
@@ -95,6 +96,25 @@ class Doorbell:
         """Whether ``peer`` can ring this rank: it runs on this host (its FIFO opens here, so it
         opens ours) and this rank has a FIFO to wait on."""
         return self._fd >= 0 and (self._peers[peer] >= 0 or self._open_peer(peer) >= 0)
+
+    def spin(self, seconds: float) -> bool:
+        """Busy-wait up to ``seconds`` for a ring (swallowed); True if one came. No sleep, no
+        lock, no filesystem call: one non-blocking read of this rank's pipe per turn."""
+        if self._fd < 0:
+            return False
+        end = time.monotonic() + seconds
+        while True:
+            try:
+                if os.read(self._fd, 4096):
+                    return True
+            except BlockingIOError:
+                pass
+            if time.monotonic() >= end:
+                return False
+
+    def local_ranks(self) -> int:
+        """How many ranks of the group run on this host (this one and those whose FIFO opens here)."""
+        return 1 + sum(1 for peer in range(len(self._peers)) if peer != self._rank and self.reaches(peer))
 
     def wait(self, seconds: float) -> None:
         """Sleep up to ``seconds``, less if a peer rings; swallow the rings that arrived."""

@@ -14,9 +14,10 @@ Every wait ends at the group's deadline, or earlier when the group is aborted or
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 
-from ..defaults import SPIN_SECONDS
+from ..defaults import RING_SPIN_SECONDS, SPIN_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
 from ..files.doorbell import Doorbell
 from ..files.locks import LockedRecord
@@ -28,6 +29,7 @@ from ..protocol.state_record import PeerState
 __all__ = ["Progress"]
 
 _HISTORY = 4096  # own history hashes kept, to compare with peers that lag behind
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class Progress:
@@ -60,6 +62,7 @@ class Progress:
         self._mine = bytearray(state_record.POSITION_SIZE)
         #: entered an operation whose start the record does not show yet (see ``enter``)
         self._unwritten = False
+        self._local_ranks = 0  # ranks of the group on this machine (see ``_spins_for``)
         # the whole position part at once (header and empty inline slots): a peer's read of it
         # is then one full pread, never a short one followed by another to find the end
         self._mine[: state_record.HEADER_SIZE] = self._header()
@@ -188,6 +191,11 @@ class Progress:
             if arrived():
                 return
             self._write()
+        if self._spins_for(peer):
+            end = time.monotonic() + RING_SPIN_SECONDS
+            while (left := end - time.monotonic()) > 0:
+                if self.bell.spin(left) and arrived():  # a ring: maybe this peer's step
+                    return
         poll(
             arrived,
             self.deadline(),
@@ -196,6 +204,17 @@ class Progress:
             self.bell.wait,
             spin=0.0 if self.bell.reaches(peer) else SPIN_SECONDS,  # a local peer rings: no re-reads
         )
+
+    def _spins_for(self, peer: int) -> bool:
+        """Whether to busy-wait for ``peer``'s ring: it rings, and this machine has a core for
+        each of the group's ranks on it (counted once, when every peer's doorbell opened)."""
+        if not self.bell.reaches(peer):
+            return False
+        if self._local_ranks == 0 or self._local_ranks < self.size:
+            local = self.bell.local_ranks()
+            if local == self.size or self._local_ranks == 0:
+                self._local_ranks = local
+        return self._local_ranks <= _CORES
 
     def desync(self, peer: int, theirs: str) -> DesyncError:
         """The error of ``peer`` calling ``theirs`` where this rank calls this operation (and abort)."""
