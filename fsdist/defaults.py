@@ -82,6 +82,12 @@ MAX_UNRECEIVED_SENDS = 256
 #: all_reduce (reduce-scatter + all-gather through files); the rest use one round where every
 #: rank reads every input (with 2 ranks slicing saves nothing: each reads one input either way).
 ALLREDUCE_SLICED_MIN_BYTES = 256 * 1024
+#: Groups of at least this many ranks all_reduce messages of at most DOUBLING_MAX_BYTES, and
+#: hold barriers, by recursive doubling (collectives/doubling.py): log2 N rounds, each one record
+#: write and one read per rank, instead of one write and N − 1 reads. (At 4 ranks the two cost
+#: the same calls; from 5 on doubling costs fewer, and its rounds wait for one peer each.)
+DOUBLING_MIN_RANKS = 4
+DOUBLING_MAX_BYTES = 1024
 
 #: torch intra-op threads of a group's worker thread (OpenMP's setting is per thread, so the
 #: caller's own thread count is untouched). Several ranks share a machine's cores, and

@@ -466,15 +466,18 @@ def sparse_all_reduce() -> Result:
 
 
 def small_messages_leave_no_files() -> list[int]:
-    """50 small all_reduces and all_gathers: how many message files of theirs ever appeared in
-    the group directories (inline slots carry them; with FSDIST_INLINE=0 every one is a file).
-    Files that earlier cases left for garbage collection are not counted."""
+    """50 small all_reduces, all_gathers and ring exchanges (isend/irecv): how many message files
+    of theirs ever appeared in the group directories (inline slots carry them; with
+    FSDIST_INLINE=0 every one is a file). Files that earlier cases left for garbage collection
+    are not counted."""
     import glob
     import os
 
     def message_files() -> set[str]:
         group_dirs = glob.glob(os.path.join(os.environ["FSDIST_TEST_DIR"], "gen-*", "groups", "*"))
-        return {path for d in group_dirs for path in glob.glob(os.path.join(d, "m*"))}
+        return {
+            path for d in group_dirs for pattern in ("m*", "p*-*.*") for path in glob.glob(os.path.join(d, pattern))
+        }
 
     rank, world = _rank_world()
     dist.barrier()
@@ -487,6 +490,17 @@ def small_messages_leave_no_files() -> list[int]:
         outs = [torch.empty(1, dtype=torch.int32) for _ in range(world)]
         dist.all_gather(outs, torch.tensor([rank * i], dtype=torch.int32))
         assert [o.item() for o in outs] == [r * i for r in range(world)]
+        if world > 1:
+            got = torch.zeros(3, dtype=torch.float64)
+            ops = [
+                dist.P2POp(
+                    dist.isend, torch.full((3,), float(rank * 100 + i), dtype=torch.float64), (rank + 1) % world
+                ),
+                dist.P2POp(dist.irecv, got, (rank - 1) % world),
+            ]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            assert got.tolist() == [float((rank - 1) % world * 100 + i)] * 3
         most = max(most, len(message_files() - before))
     dist.barrier()
     return [most]

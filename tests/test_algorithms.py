@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import time
 
 import pytest
 import torch
@@ -86,13 +87,15 @@ def test_all_reduce_and_coalesced(world: int, op: str) -> None:
             coll.all_reduce(ch, tensor, _reduction(op))
             _note(failures, f"all_reduce {dtype} {shape}", tensor, reduce_reference(inputs, op))
         dtype = torch.float64 if supported(op, torch.float64) else torch.int64
-        many = [_inputs(world, s, (5,), dtype, op) for s in range(3)]
-        seq += 1
-        ch.enter(seq, f"all_reduce_coalesced {op}")
-        tensors = [inputs[ch.rank].clone() for inputs in many]
-        coll.all_reduce_coalesced(ch, tensors, _reduction(op))
-        for index, inputs in enumerate(many):
-            _note(failures, f"coalesced #{index}", tensors[index], reduce_reference(inputs, op))
+        # all small (one message, or doubling); and small and large mixed (one all_reduce each)
+        for shapes in ([(5,), (5,), (5,)], [(7,), LARGE, (), (3,)]):
+            many = [_inputs(world, s, shape, dtype, op) for s, shape in enumerate(shapes)]
+            seq += 1
+            ch.enter(seq, f"all_reduce_coalesced {op} {shapes}")
+            tensors = [inputs[ch.rank].clone() for inputs in many]
+            coll.all_reduce_coalesced(ch, tensors, _reduction(op))
+            for index, inputs in enumerate(many):
+                _note(failures, f"coalesced {shapes} #{index}", tensors[index], reduce_reference(inputs, op))
 
     _check(_run(world, body))
 
@@ -172,3 +175,31 @@ def test_a_desync_is_caught_by_every_algorithm_s_waits() -> None:
 
     with pytest.raises(DesyncError, match="ranks disagree on operation #1"):
         _run(3, body)
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_every_rank_gets_the_same_bits_and_nobody_leaves_a_barrier_early(world: int) -> None:
+    """Float sums depend on their order: every rank must still end with identical bits (DDP's
+    replicas stay equal only then), whichever algorithm the size picks (one round, sliced,
+    recursive doubling). And no rank may leave a barrier before the last one entered it."""
+    entered: list[int] = []
+
+    def body(ch: MemoryChannel) -> list[bytes]:
+        bits = []
+        for seq, shape in enumerate([(7,), (300,), LARGE], start=1):
+            ch.enter(seq, f"all_reduce {shape}")
+            tensor = make_input(seq, ch.rank, shape, torch.float32)
+            coll.all_reduce(ch, tensor, _reduction("SUM"))
+            bits.append(tensor.numpy().tobytes())
+        for seq in range(10, 13):
+            if ch.rank == seq % world:
+                time.sleep(0.05)  # the late rank
+            entered.append(ch.rank)
+            ch.enter(seq, "barrier")
+            coll.barrier(ch)
+            assert len(entered) >= world * (seq - 9), f"rank {ch.rank} left barrier #{seq} early"
+        return bits
+
+    results = MemoryWorld(world).run(body)
+    for rank, bits in enumerate(results):
+        assert bits == results[0], f"rank {rank} got other bits than rank 0"

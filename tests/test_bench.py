@@ -47,11 +47,9 @@ def test_bench_against_gloo_verifies_prints_the_table_writes_csv_json_and_cleans
         calls = row["fs_calls_by_kind"]
         if row["backend"] == "fsdist" and row["op"] != "barrier":
             assert calls.get("lock", 0) >= 1, row
-            # 8-byte collectives travel inside the state records; p2p messages are files
-            if row["op"] == "sendrecv":
-                assert calls.get("open", 0) > 0, row
-            elif row["nbytes"] == 8:
-                assert calls.get("open", 0) == 0, row
+            # 8-byte messages (collective and p2p) travel inside the state records
+            if row["nbytes"] == 8:
+                assert calls.get("open", 0) == 0 and calls.get("rename", 0) == 0, row
     assert "fs_calls_per_op" in (tmp_path / "result.csv").read_text().splitlines()[0]
 
 

@@ -113,6 +113,33 @@ def test_inline_messages_round_trip_and_damaged_slots_are_refused() -> None:
         message.InlineMessage(raw[:40], "record")  # the header itself is cut
 
 
+def test_pair_areas_carry_both_counters_and_small_point_to_point_messages() -> None:
+    """A pair area: (sent, received), then message i in slot i mod P2P_SLOTS, found by index."""
+    first = b"".join(message.encode(4, 7, "send tag=7", [torch.arange(3)], message.INLINE_ALIGN))
+    second = b"".join(message.encode(5, 7, "send tag=7", [torch.ones(2)], message.INLINE_ALIGN))
+    area = bytearray(state_record.PAIR_AREA)
+    end = state_record.put_p2p(area, 5, 2, 4, first)
+    assert end == state_record.p2p_slot_end(4) - state_record.P2P_SLOT_BYTES + 16 + len(first)
+    state_record.put_p2p(area, 6, 3, 5, second)
+    assert state_record.decode_pair(bytes(area)) == (6, 3)
+    assert state_record.find_p2p(bytes(area), 4) == first and state_record.find_p2p(bytes(area), 5) == second
+    assert state_record.find_p2p(bytes(area), 6) is None  # slot 0 holds message 4: 6 is a file
+    assert state_record.decode_pair(b"") == (0, 0)  # never written: nothing sent, nothing received
+    assert state_record.find_p2p(b"", 0) is None
+    lying = bytearray(area)
+    struct.pack_into("<qII", lying, 16, 4, 0, state_record.P2P_SLOT_BYTES * 2)
+    with pytest.raises(ProtocolError, match="claims"):
+        state_record.find_p2p(bytes(lying), 4)
+    with pytest.raises(ProtocolError, match="negative"):
+        state_record.decode_pair(struct.pack("<qq", -1, 0))
+
+
+def test_a_records_flags_say_closed_and_aborted() -> None:
+    for flags, closed, aborted in [(0, False, False), (1, True, False), (2, False, True), (3, True, True)]:
+        state = state_record.decode(state_record.encode(3, 1, "barrier", 0, flags), "record")
+        assert (state.closed, state.aborted) == (closed, aborted)
+
+
 def test_symlinks_are_not_followed(tmp_path) -> None:
     target = tmp_path / "elsewhere"
     target.write_bytes(b"secret")

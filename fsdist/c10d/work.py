@@ -23,7 +23,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..defaults import HANDOFF_SECONDS, INLINE_RUN_BYTES, MAX_SLEEP_SECONDS, REDUCE_THREADS
+from ..defaults import (
+    FIRST_SLEEP_SECONDS,
+    HANDOFF_SECONDS,
+    HEALTH_CHECK_SECONDS,
+    INLINE_RUN_BYTES,
+    MAX_SLEEP_SECONDS,
+    REDUCE_THREADS,
+    RING_SPIN_SECONDS,
+)
 from ..errors import FsdistError, FsdistTimeoutError, GroupBrokenError
 from ..transport.p2p import Mailbox, PendingReceive
 from .staging import Staging
@@ -58,7 +66,7 @@ class FsdistWork(dist.Work):
         self._future_handed_out = False
         #: set by OpQueue.submit: the operation to run, and the queue whose caller may run it
         self._run: Callable[[], None] | None = None
-        self._queue: OpQueue | None = None  # set when its caller may run it
+        self._runner: OpQueue | ReceiveLoop | None = None  # set when its caller may run it
         self._claim_after = 0.0  # when the worker may take it (monotonic seconds)
         self._claimed = False
         #: the name of the thread that ran the operation (the caller's or the group worker's)
@@ -92,10 +100,14 @@ class FsdistWork(dist.Work):
             self._done.set()
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        if self._queue is not None and not self._done.is_set():
-            self._queue.run_in_caller(self)
         seconds = timeout.total_seconds() if timeout is not None and timeout.total_seconds() > 0 else None
-        if not self._done.wait(seconds):
+        if self._runner is not None and not self._done.is_set():
+            start = time.monotonic()
+            self._runner.run_in_caller(self, seconds)
+            left = None if seconds is None else max(0.0, seconds - (time.monotonic() - start))
+        else:
+            left = seconds
+        if not self._done.wait(left):
             raise FsdistTimeoutError(f"'{self.description}' did not finish within {seconds:.1f} s of wait()")
         if self._error is not None:
             raise self._error
@@ -190,7 +202,7 @@ class OpQueue:
         now = time.monotonic()
         urgent = nbytes > INLINE_RUN_BYTES
         if not urgent:
-            work._queue = self
+            work._runner = self
         work._claim_after = now if urgent else now + self._handoff
         with self._worker_cv:
             self._unstarted.append(work)
@@ -199,16 +211,17 @@ class OpQueue:
                 self._worker_cv.notify()
         return work
 
-    def run_in_caller(self, work: FsdistWork) -> None:
-        """Called by ``work.wait()``: run ``work`` (and the small operations queued before it)
-        here, unless the worker has them; returns once ``work`` is claimed by either side."""
+    def run_in_caller(self, work: FsdistWork, seconds: float | None = None) -> None:
+        """Called by ``work.wait()``: run ``work`` (and the small operations queued before it) here,
+        unless the worker has them; returns once ``work`` is claimed by either side. (``seconds``
+        is not a limit here: a started operation runs to its own deadline.)"""
         while True:
             with self._caller_cv:
                 while True:
                     if work._claimed:
                         return  # (the worker's, or run here already)
                     head = self._unstarted[0]
-                    if not self._running and head._queue is self:
+                    if not self._running and head._runner is self:
                         self._start(head)
                         break
                     self._caller_cv.wait()  # the worker runs something (``_execute`` notifies)
@@ -284,57 +297,142 @@ class OpQueue:
 
 
 class ReceiveLoop:
-    """A thread matching posted receives against arrived messages, in posting order."""
+    """Matches posted receives against arrived messages, in posting order.
 
-    def __init__(self, name: str, mailbox: Mailbox, health_check: Callable[[], None]) -> None:
+    As with OpQueue's small operations, a caller that waits for its receive matches in its own
+    thread (the message has usually arrived; a hand-off to a thread and back costs two
+    wake-ups), and the loop's thread, not woken per receive, looks every ``HANDOFF_SECONDS``
+    while receives are posted for those nobody waits for (an ``irecv`` tested with
+    ``is_completed()``, a future's callback). One matcher at a time, so a pass sees one
+    snapshot of arrived messages (Mailbox.begin_pass); the thread stays away while a caller
+    matches.
+    """
+
+    def __init__(
+        self, name: str, mailbox: Mailbox, health_check: Callable[[], None], handoff: float = HANDOFF_SECONDS
+    ) -> None:
         self._mailbox = mailbox
         self._health_check = health_check
+        self._handoff = handoff
         self._pending: list[tuple[FsdistWork, PendingReceive]] = []
         self._cond = threading.Condition()
+        self._matching = threading.Lock()
+        self._callers = 0  # callers matching in their own thread now
+        self._idle = False  # the thread sleeps without a timeout: a post must wake it
+        self._last_post = 0.0
         self._closing = False
         self._thread = threading.Thread(target=self._run, name=f"fsdist-recv-{name}", daemon=True)
         self._thread.start()
 
     def post(self, work: FsdistWork, receive: PendingReceive) -> FsdistWork:
+        work._runner = self
+        work._claim_after = time.monotonic() + self._handoff
         with self._cond:
             self._pending.append((work, receive))
-            self._cond.notify()
+            self._last_post = work._claim_after - self._handoff
+            if self._idle:
+                self._cond.notify()
         return work
 
-    def _run(self) -> None:
-        sleep = 0.0
-        last_health = time.monotonic()
-        while True:
-            with self._cond:
-                while not self._pending and not self._closing:
-                    self._cond.wait()
-                if not self._pending and self._closing:
+    def run_in_caller(self, work: FsdistWork, seconds: float | None = None) -> None:
+        """Called by ``work.wait()``: match receives here until ``work`` completes (or ``seconds`` pass)."""
+        start = time.monotonic()
+        end = float("inf") if seconds is None else start + seconds
+        with self._cond:
+            self._callers += 1
+        try:
+            sleep, next_health = 0.0, start + HEALTH_CHECK_SECONDS
+            while not work.is_completed():
+                with self._matching:
+                    progressed = self._pass()
+                now = time.monotonic()
+                if work.is_completed() or now >= end:
                     return
-                pending = list(self._pending)
-            self._mailbox.begin_pass()
-            progressed = False
-            for work, receive in pending:
-                try:
-                    if not self._mailbox.try_receive(receive):
-                        continue
-                    error = None
-                except BaseException as exc:  # noqa: BLE001 - reported to the waiter
-                    error = exc
+                if progressed:
+                    sleep = 0.0
+                    continue
+                if now >= next_health:
+                    next_health = now + HEALTH_CHECK_SECONDS
+                    if not self._healthy():
+                        return
+                if now - start < RING_SPIN_SECONDS and self._mailbox.spin(start + RING_SPIN_SECONDS - now):
+                    continue  # rung while spinning: match at once
+                sleep = min(max(sleep * 2, FIRST_SLEEP_SECONDS), MAX_SLEEP_SECONDS, end - now)
+                self._mailbox.sleep(sleep)
+        finally:
+            with self._cond:
+                self._callers -= 1
+                if self._pending:
+                    self._cond.notify()  # receives nobody waits for now: the thread takes them on
+
+    def _pass(self) -> bool:
+        """Try every pending receive once, in posting order; True if any completed (lock held)."""
+        with self._cond:
+            pending = list(self._pending)
+        if not pending:
+            return False
+        self._mailbox.begin_pass()
+        progressed = False
+        for work, receive in pending:
+            try:
+                if not self._mailbox.try_receive(receive):
+                    continue
+                error = None
+            except BaseException as exc:  # noqa: BLE001 - reported to the waiter
+                error = exc
+            with self._cond:
+                self._pending = [item for item in self._pending if item[0] is not work]
+            work.complete(error, receive.matched_source)
+            progressed = True
+        return progressed
+
+    def _healthy(self) -> bool:
+        try:
+            self._health_check()
+        except BaseException as exc:  # noqa: BLE001 - every pending receive fails with it
+            self._fail_all(exc)
+            return False
+        return True
+
+    def _next_turn(self) -> bool:
+        """Sleep until some receive has waited ``handoff`` with no caller matching; False: closing."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                timeout: float | None
+                if self._closing:
+                    return False
+                if self._pending and not self._callers:
+                    oldest = self._pending[0][0]._claim_after
+                    if oldest <= now:
+                        return True
+                    timeout = oldest - now
+                elif self._callers or now - self._last_post < _IDLE_AFTER_SECONDS:
+                    timeout = self._handoff
+                else:
+                    timeout = None
+                self._idle = timeout is None
+                self._cond.wait(timeout)
+                self._idle = False
+
+    def _run(self) -> None:
+        while self._next_turn():
+            sleep, next_health = 0.0, time.monotonic() + HEALTH_CHECK_SECONDS
+            while True:
                 with self._cond:
-                    self._pending = [item for item in self._pending if item[0] is not work]
-                work.complete(error, receive.matched_source)
-                progressed = True
-            if progressed:
-                sleep = 0.0
-                continue
-            if time.monotonic() - last_health > 0.1:
-                last_health = time.monotonic()
-                try:
-                    self._health_check()
-                except BaseException as exc:  # noqa: BLE001
-                    self._fail_all(exc)
-            sleep = min(max(sleep * 2, 20e-6), MAX_SLEEP_SECONDS)
-            self._mailbox.sleep(sleep)
+                    if self._callers or not self._pending or self._closing:
+                        break  # a caller matches now, or nothing is left
+                with self._matching:
+                    progressed = self._pass()
+                if progressed:
+                    sleep = 0.0
+                    continue
+                now = time.monotonic()
+                if now >= next_health:
+                    next_health = now + HEALTH_CHECK_SECONDS
+                    self._healthy()
+                sleep = min(max(sleep * 2, FIRST_SLEEP_SECONDS), MAX_SLEEP_SECONDS)
+                self._mailbox.sleep(sleep)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:

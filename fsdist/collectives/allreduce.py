@@ -1,4 +1,5 @@
-"""all_reduce: one round where every rank reduces every input, or reduce-scatter + all-gather.
+"""all_reduce: one round where every rank reduces every input, or reduce-scatter + all-gather
+(and, for small messages in groups of DOUBLING_MIN_RANKS or more, recursive doubling: doubling.py).
 
 One round (2 ranks, or messages < ALLREDUCE_SLICED_MIN_BYTES): every rank publishes its input
 and reduces all N inputs in rank order, in place in its own tensor where the order allows.
@@ -16,9 +17,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..defaults import ALLREDUCE_SLICED_MIN_BYTES
+from ..defaults import ALLREDUCE_SLICED_MIN_BYTES, DOUBLING_MAX_BYTES, DOUBLING_MIN_RANKS
 from ..transport.interfaces import CollectiveChannel
 from ._common import read_part, reduce_into_own
+from .doubling import all_reduce_doubling
 from .reduce_ops import Reduction, finish
 
 
@@ -26,6 +28,9 @@ def all_reduce(t: CollectiveChannel, tensor: torch.Tensor, reduction: Reduction,
     """Reduce ``tensor`` over all ranks in place, publishing as steps ``first_step`` and the next."""
     if t.size == 1:
         finish(reduction, tensor, 1)
+        return
+    if t.size >= DOUBLING_MIN_RANKS and tensor.numel() * tensor.element_size() <= DOUBLING_MAX_BYTES:
+        all_reduce_doubling(t, [tensor], reduction, first_step)
         return
     t.publish(first_step, [tensor])
     if t.size == 2 or tensor.numel() * tensor.element_size() < ALLREDUCE_SLICED_MIN_BYTES:
@@ -49,18 +54,28 @@ def all_reduce_coalesced(t: CollectiveChannel, tensors: Sequence[torch.Tensor], 
 
     Many small tensors (``allreduce_coalesced``, DDP's small buckets) would otherwise cost a
     file, a record write and a round trip each: here every rank publishes them all as parts
-    of one message and reduces part by part. Large ones at N ≥ 3 keep the sliced algorithm,
-    one tensor after another (steps 2k+1 and 2k+2).
+    of one message and reduces part by part. Otherwise each tensor is an all_reduce of its
+    own, one after another, tensor k from step ``k·(2 + log2 P) + 1`` on (room for the sliced
+    form's 2 steps or doubling's 2 + log2 P).
     """
     total = sum(x.numel() * x.element_size() for x in tensors)
+    if t.size >= DOUBLING_MIN_RANKS and total <= DOUBLING_MAX_BYTES and len(tensors) > 1:
+        all_reduce_doubling(t, tensors, reduction)
+        return
     if t.size == 1 or len(tensors) == 1 or not (t.size == 2 or total < ALLREDUCE_SLICED_MIN_BYTES):
+        stride = _steps_of_one(t.size)
         for index, tensor in enumerate(tensors):
-            all_reduce(t, tensor, reduction, first_step=2 * index + 1)
+            all_reduce(t, tensor, reduction, first_step=stride * index + 1)
         return
     t.publish(1, tensors)
     for part, tensor in enumerate(tensors):
         reduce_into_own(t, 1, part, reduction, tensor)
         finish(reduction, tensor, t.size)
+
+
+def _steps_of_one(size: int) -> int:
+    """Steps one all_reduce may use at this group size: 2 (sliced), or 2 + log2 P (doubling)."""
+    return 2 + (size.bit_length() - 1)
 
 
 def slice_bounds(numel: int, parts: int) -> list[tuple[int, int]]:

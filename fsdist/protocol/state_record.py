@@ -4,8 +4,8 @@ Written only by its rank, read by its peers, always under the file's fcntl lock 
 
     offset  size  field
     0       4     magic b"FSST"
-    4       2     version (2), little-endian like every field
-    6       2     flags: bit 0 = the rank closed the group
+    4       2     version (3), little-endian like every field
+    6       2     flags: bit 0 = the rank closed the group; bit 1 = it aborted the group
     8       8     seq: the operation the rank is in (int64; 0 before the first)
     16      4     step: the last step of it the rank announced (uint32)
     20      2     length of the description in bytes (<= 224)
@@ -13,8 +13,11 @@ Written only by its rank, read by its peers, always under the file's fcntl lock 
     24      8     history hash after operation seq (uint64)
     32      224   the operation's description, UTF-8, zero-padded (describe.py's text)
     256     4·2K  INLINE_SLOTS inline slots of INLINE_SLOT_BYTES each (below)
-    8448    8·N   sent[dst]: how many messages this rank has sent to rank dst (int64 each)
-    8448+8N 8·N   received[src]: how many of src's messages this rank has consumed
+    8448    N·4K  a pair area per peer p (PAIR_AREA bytes, at pair_offset(p)), for point to point:
+                    +0   8     sent: how many messages this rank has sent to p (int64)
+                    +8   8     received: how many of p's messages this rank has consumed
+                    +16  2·2K  P2P_SLOTS inline slots for small messages to p (index i in slot
+                               i mod P2P_SLOTS; the slot header's seq is the index, step 0)
 
 An inline slot carries one small collective message inside the record, so publishing it is one
 locked write of the record the rank writes anyway, and a peer that reads the record to see the
@@ -22,7 +25,10 @@ step has the message in the same read: no file to create, rename, open or unlink
 ``<q I I>`` (seq, step, message length; length 0 = empty) followed by the message in the format
 of protocol/message.py (with its own seq, description and CRC, checked by the reader). The
 writer reuses a slot only after every peer's record shows it past the slot's operation; with no
-free slot it publishes a file.
+free slot it publishes a file. A point-to-point slot is reused once the receiver's ``received``
+counter shows the message in it consumed; a sender writes a small message, its ``sent`` counter
+and the pair's ``received`` counter in one locked write, and the receiver reads all three (and
+the slots) in one locked read of the pair area.
 
 The history hash chains every description so far: ``h(seq) = blake2b-64(h(seq-1) as 8 bytes
 little-endian ‖ description of seq)``, ``h(0) = 0``, read as a little-endian uint64. Two ranks
@@ -41,23 +47,32 @@ from ..errors import ProtocolError
 __all__ = [
     "COUNTER_SIZE",
     "DESCRIPTION_MAX",
+    "FLAG_ABORTED",
     "FLAG_CLOSED",
     "HEADER_SIZE",
     "INLINE_MAX",
     "INLINE_SLOTS",
     "INLINE_SLOT_BYTES",
     "NOT_STARTED",
+    "P2P_SLOTS",
+    "P2P_SLOT_BYTES",
+    "PAIR_AREA",
     "POSITION_SIZE",
     "VERSION",
     "PeerState",
     "chain",
     "decode",
     "decode_counter",
+    "decode_pair",
     "encode",
     "encode_counter",
     "encode_slot",
     "find_inline",
+    "find_p2p",
     "fit",
+    "p2p_slot_end",
+    "pair_offset",
+    "put_p2p",
     "received_offset",
     "sent_offset",
     "slot_offset",
@@ -65,7 +80,7 @@ __all__ = [
 
 _HEADER = struct.Struct("<4sHHqIH2xQ")
 _MAGIC = b"FSST"
-VERSION = 2
+VERSION = 3
 _DESCRIPTION_OFFSET = 32
 DESCRIPTION_MAX = 224
 #: The header and the description: what a reader of positions (`fsdist status`) reads.
@@ -80,7 +95,16 @@ INLINE_MAX = INLINE_SLOT_BYTES - _INLINE.size
 POSITION_SIZE = HEADER_SIZE + INLINE_SLOTS * INLINE_SLOT_BYTES
 _COUNTER = struct.Struct("<q")
 COUNTER_SIZE = _COUNTER.size
+_PAIR = struct.Struct("<qq")
+#: Inline slots per pair area (messages to one peer in the record at once), and their size.
+P2P_SLOTS = 2
+P2P_SLOT_BYTES = INLINE_SLOT_BYTES
+#: A pair area: the two counters, then the slots.
+PAIR_AREA = _PAIR.size + P2P_SLOTS * P2P_SLOT_BYTES
 FLAG_CLOSED = 1
+#: The rank wrote the group's ``abort`` file: a peer that reads this record learns of it without
+#: reading that file (which a rank otherwise reads every GC_EVERY operations).
+FLAG_ABORTED = 2
 
 
 @dataclass(frozen=True)
@@ -92,6 +116,7 @@ class PeerState:
     closed: bool
     description: str
     history: int = 0
+    aborted: bool = False
 
     @property
     def position(self) -> tuple[int, int]:
@@ -128,15 +153,58 @@ def decode(raw: bytes, path: str) -> PeerState:
     if magic != _MAGIC or version != VERSION or length > DESCRIPTION_MAX:
         raise ProtocolError(f"{path} is not an fsdist v{VERSION} state record")
     text = raw[_DESCRIPTION_OFFSET : _DESCRIPTION_OFFSET + length].decode(errors="replace")
-    return PeerState(seq, step, bool(flags & FLAG_CLOSED), text, history)
+    return PeerState(seq, step, bool(flags & FLAG_CLOSED), text, history, bool(flags & FLAG_ABORTED))
+
+
+def pair_offset(peer: int) -> int:
+    """Where the pair area for ``peer`` starts in a record."""
+    return POSITION_SIZE + PAIR_AREA * peer
 
 
 def sent_offset(dst: int) -> int:
-    return POSITION_SIZE + _COUNTER.size * dst
+    return pair_offset(dst)
 
 
-def received_offset(src: int, size: int) -> int:
-    return POSITION_SIZE + _COUNTER.size * (size + src)
+def received_offset(src: int) -> int:
+    return pair_offset(src) + _COUNTER.size
+
+
+def p2p_slot_end(index: int) -> int:
+    """Bytes from a pair area's start through the slot of message ``index``."""
+    return _PAIR.size + (index % P2P_SLOTS + 1) * P2P_SLOT_BYTES
+
+
+def put_p2p(area: bytearray, sent: int, received: int, index: int, message: bytes) -> int:
+    """Write the counters and message ``index`` into its slot of ``area`` (a pair area's image);
+    returns how many bytes from the area's start now need writing."""
+    _PAIR.pack_into(area, 0, sent, received)
+    start = _PAIR.size + index % P2P_SLOTS * P2P_SLOT_BYTES
+    slot = encode_slot(index, 0, message)
+    area[start : start + len(slot)] = slot
+    return start + len(slot)
+
+
+def decode_pair(raw: bytes) -> tuple[int, int]:
+    """(sent, received) of a pair area read from its start; 0 for counters never written."""
+    if len(raw) < _PAIR.size:
+        raw = raw + bytes(_PAIR.size - len(raw))
+    sent, received = _PAIR.unpack_from(raw)
+    if sent < 0 or received < 0:
+        raise ProtocolError(f"negative point-to-point counter ({sent}, {received})")
+    return int(sent), int(received)
+
+
+def find_p2p(raw: bytes, index: int) -> bytes | None:
+    """Message ``index`` from its slot of a pair area read from its start, or None (a file)."""
+    start = _PAIR.size + index % P2P_SLOTS * P2P_SLOT_BYTES
+    if len(raw) < start + _INLINE.size:
+        return None
+    slot_index, _, length = _INLINE.unpack_from(raw, start)
+    if not length or slot_index != index:
+        return None
+    if length > INLINE_MAX or start + _INLINE.size + length > len(raw):
+        raise ProtocolError(f"point-to-point slot of message {index} claims {length} bytes (at most {INLINE_MAX})")
+    return raw[start + _INLINE.size : start + _INLINE.size + length]
 
 
 def slot_offset(slot: int) -> int:

@@ -53,7 +53,7 @@ class GroupTransport:
         self.progress.enter(seq, description)
         self.retention.collect_if_due(seq)
         if seq % GC_EVERY == 0:
-            reason = self.progress.abort_reason()  # a rank that never waits must still hear of failures
+            reason = self.progress.abort_known()  # a rank that never waits must still hear of failures
             if reason is not None:
                 raise PeerFailedError(f"{self.progress.where()}: the group was aborted: {reason}")
         self.retention.hold_back_if_ahead(seq)
@@ -65,11 +65,14 @@ class GroupTransport:
         """Whether peers' messages may be mapped (local filesystems, where spares are used too)."""
         return self.retention.spares.enabled
 
-    def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
+    def publish(
+        self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0, readers: Sequence[int] | None = None
+    ) -> None:
         """Publish this rank's message for (current operation, ``step``), then reach the step.
 
         A small message goes into a free inline slot of this rank's record, in the same locked
         write that announces the step; anything else (or with no slot free) into a file.
+        ``readers`` (interfaces.py) lets its space be reused as soon as they are past it.
         """
         seq, description = self.progress.seq, self.progress.description
         if INLINE and message.encoded_size(description, tensors, message.INLINE_ALIGN) <= state_record.INLINE_MAX:
@@ -77,12 +80,12 @@ class GroupTransport:
             if slot is not None:
                 encoded = b"".join(message.encode(seq, tag, description, tensors, message.INLINE_ALIGN))
                 self.progress.advance_inline(step, slot, encoded)
-                self.retention.keep_inline(seq, slot)
+                self.retention.keep_inline(seq, step, slot, readers)
                 return
         buffers = message.encode(seq, tag, description, tensors)
         size = sum(len(b) for b in buffers)
         path, spare = self.retention.write(layout.message_name(self.rank, seq, step), buffers, size)
-        self.retention.keep(seq, path, size, spare)
+        self.retention.keep(seq, step, path, size, spare, readers)
         self.progress.advance(step)
 
     def advance(self, step: int) -> None:
@@ -129,7 +132,7 @@ class GroupTransport:
     def acknowledge(self, src: int, received: int) -> None:
         self.pairs.acknowledge(src, received)
 
-    def open_p2p(self, src: int, index: int) -> message.Message:
+    def open_p2p(self, src: int, index: int) -> message.Message | message.InlineMessage:
         return self.pairs.open(src, index)
 
     def discard_p2p(self, src: int, index: int, size: int) -> None:
@@ -137,6 +140,9 @@ class GroupTransport:
 
     def wait_for_sends(self, seconds: float) -> None:
         self.pairs.wait_for_sends(seconds)
+
+    def spin_for_sends(self, seconds: float) -> bool:
+        return self.pairs.spin_for_sends(seconds)
 
     # ---- health, for the adapter's receive loop and tools ---------------------------------
 

@@ -56,8 +56,15 @@ class CollectiveChannel(Protocol):
     def maps_messages(self) -> bool:
         """Whether ``Incoming.mapped`` avoids a copy here (worth it for large parts)."""
 
-    def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
-        """Publish this rank's message of ``step`` (the tensors as its parts) and reach the step."""
+    def publish(
+        self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0, readers: Sequence[int] | None = None
+    ) -> None:
+        """Publish this rank's message of ``step`` (the tensors as its parts) and reach the step.
+
+        ``readers``: the only ranks that will open it (None: any peer may). The transport may
+        then reuse its space once those ranks are past ``step``, with no need to learn where
+        the other ranks are; a reader must have read it before it reaches a later step.
+        """
 
     def advance(self, step: int) -> None:
         """Reach ``step`` without a message (a barrier, a rank with nothing to send)."""
@@ -93,6 +100,10 @@ class PointToPointChannel(Protocol):
 
     def wait_for_sends(self, seconds: float) -> None:
         """Sleep up to ``seconds``, less if a message arrives meanwhile."""
+
+    def spin_for_sends(self, seconds: float) -> bool:
+        """Busy-wait up to ``seconds`` for a message's arrival where a core is free for it (else
+        return False at once); True if one may have arrived."""
 
     def abort(self, reason: str) -> None:
         """Fail the group: every rank's waits end with ``reason``."""

@@ -27,6 +27,8 @@ class MemoryMessage:
     def __init__(self, seq: int, tag: int, description: str, tensors: Sequence[torch.Tensor]) -> None:
         self.seq, self.tag, self.description = seq, tag, description
         self._bytes = [t.detach().clone().reshape(-1).view(torch.uint8) for t in tensors]
+        #: the ranks the publisher declared as its only readers (None: any)
+        self.readers: frozenset[int] | None = None
         self.parts = [Part(t.dtype, tuple(t.shape), t.numel() * t.element_size(), 0) for t in tensors]
 
     def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
@@ -129,8 +131,11 @@ class MemoryChannel:
             self._world.descriptions[self.rank] = description
             self._world.moved(self.rank)
 
-    def publish(self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0) -> None:
+    def publish(
+        self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0, readers: Sequence[int] | None = None
+    ) -> None:
         msg = MemoryMessage(self.seq, tag, self.description, tensors)
+        msg.readers = None if readers is None else frozenset(readers)
         with self._world.lock:
             self._world.messages[(self.rank, self.seq, step)] = msg
         self.advance(step)
@@ -168,6 +173,12 @@ class MemoryChannel:
             msg = self._world.messages.get((peer, self.seq, step))
         if msg is None or msg.description != self.description:
             raise self._desync(peer, msg.description if msg else f"(no message for step {step})")
+        if msg.readers is not None and self.rank not in msg.readers:
+            # a wrong declaration would let the file transport reuse the space under this reader
+            raise AssertionError(f"rank {self.rank} read rank {peer}'s step {step}, declared for {sorted(msg.readers)}")
+        with self._world.lock:
+            if self._world.positions[self.rank] > (self.seq, step) and msg.readers is not None:
+                raise AssertionError(f"rank {self.rank} read rank {peer}'s step {step} after it moved past it")
         return msg
 
     def abort(self, reason: str) -> None:

@@ -52,6 +52,10 @@ class Mailbox:
         """Pause between passes; a peer's send ends the pause early (its doorbell)."""
         self._t.wait_for_sends(seconds)
 
+    def spin(self, seconds: float) -> bool:
+        """Busy-wait up to ``seconds`` for a send's ring where cores allow; True if one came."""
+        return self._t.spin_for_sends(seconds)
+
     def begin_pass(self) -> None:
         """Start a matching pass over the posted receives.
 

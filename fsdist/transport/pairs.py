@@ -1,10 +1,15 @@
 """Point-to-point messages between pairs of ranks: numbered per pair, counted in the records.
 
-Sends are buffered: a send publishes ``p<src>-<dst>.<index>`` and raises the sender's ``sent``
-counter for that receiver in its state record, then returns. The receiver reads the counter,
-consumes the messages (p2p.Mailbox matches them to receives), and raises its ``received``
-counter for that sender; a sender that has MAX_UNRECEIVED_SENDS messages unreceived by one rank
-waits until that rank catches up. A consumed message becomes the receiver's spare, or goes.
+Sends are buffered. Each rank's state record has a pair area per peer (state_record.py): the
+count of messages sent to that peer, the count of its messages consumed, and two inline slots.
+A small message goes into the slot of its index, written with both counters in one locked
+write; a larger one (or one whose slot still holds an unconsumed message) is published as
+``p<src>-<dst>.<index>`` first, then the counter is raised. The receiver reads the sender's
+pair area for it in one locked read (how many were sent, the inline ones, and how many of its
+own messages the sender has consumed), consumes the messages (p2p.Mailbox matches them to
+receives) and raises its ``received`` counter. A sender with MAX_UNRECEIVED_SENDS messages
+unreceived by one rank waits until that rank catches up. A consumed file becomes the
+receiver's spare, or goes.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..defaults import MAX_UNRECEIVED_SENDS
+from ..defaults import INLINE, MAX_UNRECEIVED_SENDS
 from ..files.doorbell import Doorbell
 from ..files.waiting import poll
 from ..protocol import layout, message, state_record
@@ -26,62 +31,123 @@ __all__ = ["Pairs"]
 
 
 class Pairs:
-    """This rank's sending and receiving counters, and its point-to-point message files."""
+    """This rank's sending and receiving counters, and its point-to-point messages."""
 
     def __init__(self, progress: Progress, retention: Retention) -> None:
         self._progress = progress
         self._retention = retention
         self.directory = progress.directory
-        self._sent = [0] * progress.size
-        self._lock = threading.Lock()
+        size = progress.size
+        self._sent = [0] * size
+        #: how many of this rank's messages each peer had consumed when last read (its pair
+        #: area is read on every receive from it; the slots' and the cap's checks read it anew
+        #: only when this says a slot is taken or the cap reached)
+        self._received_by = [0] * size
+        self._send_lock = threading.Lock()  # threads sending at once must not take the same index
+        #: this rank's pair areas as last written: a send and an acknowledgement (from the
+        #: receiving thread) both write the counters, so they write from one image, in turn
+        self._areas = [bytearray(state_record.PAIR_AREA) for _ in range(size)]
+        self._area_lock = threading.Lock()
+        #: each peer's pair area for this rank, as read by the last ``sent_to_me``
+        self._seen: list[bytes] = [b""] * size
+        self._inline_open: set[tuple[int, int]] = set()
         # receives are matched on their own thread: a bell of their own, so neither waiter
         # swallows the other's wake-up
-        self._bell = Doorbell(
-            [layout.p2p_doorbell_file(self.directory, r) for r in range(progress.size)], progress.rank
-        )
+        self._bell = Doorbell([layout.p2p_doorbell_file(self.directory, r) for r in range(size)], progress.rank)
 
     def send(self, dst: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> int:
         """Publish a message to ``dst`` (buffered: never waits for the receiver). Returns its index."""
-        rank = self._progress.rank
-        with self._lock:  # threads sending at once must not take the same index
-            if self._sent[dst] >= MAX_UNRECEIVED_SENDS:
+        with self._send_lock:
+            if self._sent[dst] - self._received_by[dst] >= MAX_UNRECEIVED_SENDS:
                 self._wait_for_receiver(dst)
             index = self._sent[dst]
-            buffers = message.encode(index, tag, description, tensors)
-            _, spare = self._retention.write(layout.p2p_name(rank, dst, index), buffers, sum(len(b) for b in buffers))
-            if spare is not None:
-                spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
+            if not self._send_inline(dst, index, tensors, tag, description):
+                self._send_file(dst, index, tensors, tag, description)
             self._sent[dst] = index + 1
-            self._progress.write_counter(state_record.sent_offset(dst), index + 1)
             self._bell.ring([dst])
         return index
 
+    def _send_inline(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> bool:
+        """Put a small message into its slot, with the counters, in one locked write (if it fits and
+        the slot's previous message was consumed)."""
+        if not INLINE or message.encoded_size(description, tensors, message.INLINE_ALIGN) > state_record.INLINE_MAX:
+            return False
+        if index - self._received_by[dst] >= state_record.P2P_SLOTS:
+            self._read_received_by(dst)
+            if index - self._received_by[dst] >= state_record.P2P_SLOTS:
+                return False  # the slot still holds a message dst has not consumed: a file
+        encoded = b"".join(message.encode(index, tag, description, tensors, message.INLINE_ALIGN))
+        with self._area_lock:
+            area = self._areas[dst]
+            received = state_record.decode_pair(bytes(area[:16]))[1]
+            end = state_record.put_p2p(area, index + 1, received, index, encoded)
+            self._progress.write_own(bytes(area[:end]), state_record.pair_offset(dst))
+        return True
+
+    def _send_file(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> None:
+        buffers = message.encode(index, tag, description, tensors)
+        name = layout.p2p_name(self._progress.rank, dst, index)
+        _, spare = self._retention.write(name, buffers, sum(len(b) for b in buffers))
+        if spare is not None:
+            spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
+        counter = state_record.encode_counter(index + 1)
+        with self._area_lock:
+            self._areas[dst][: len(counter)] = counter
+            self._progress.write_own(counter, state_record.sent_offset(dst))
+
     def sent_to_me(self, src: int) -> int:
-        return self._progress.read_counter(src, state_record.sent_offset(self._progress.rank))
+        """How many messages ``src`` has sent to this rank (reading its whole pair area for us)."""
+        raw = self._progress.read_peer(src, state_record.pair_offset(self._progress.rank), state_record.PAIR_AREA)
+        sent, received = state_record.decode_pair(raw)
+        self._seen[src] = raw
+        self._received_by[src] = max(self._received_by[src], received)
+        return sent
 
     def acknowledge(self, src: int, received: int) -> None:
-        self._progress.write_counter(state_record.received_offset(src, self._progress.size), received)
+        counter = state_record.encode_counter(received)
+        with self._area_lock:
+            self._areas[src][8:16] = counter
+            self._progress.write_own(counter, state_record.received_offset(src))
 
-    def open(self, src: int, index: int) -> message.Message:
+    def open(self, src: int, index: int) -> message.Message | message.InlineMessage:
+        """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline or a file."""
+        inline = state_record.find_p2p(self._seen[src], index)
+        if inline is not None:
+            self._inline_open.add((src, index))
+            where = f"{self._progress.state_path(src)} (message #{index} to rank {self._progress.rank})"
+            return message.InlineMessage(inline, where)
         return message.Message(os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index)))
 
     def discard(self, src: int, index: int, size: int) -> None:
-        """The receiver disposes of a message it consumed (its only reader): a spare, or deleted."""
+        """The receiver disposes of a message it consumed (its only reader): a spare, or deleted;
+        an inline one is freed by the acknowledgement."""
+        if (src, index) in self._inline_open:
+            self._inline_open.discard((src, index))
+            return
         path = os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index))
         self._retention.spares.give_back(path, size)
 
     def wait_for_sends(self, seconds: float) -> None:
         self._bell.wait(seconds)
 
+    def spin_for_sends(self, seconds: float) -> bool:
+        return self._progress.cores_to_spin() and self._bell.spin(seconds)
+
     def close(self) -> None:
         self._bell.close()
 
+    def _read_received_by(self, dst: int) -> int:
+        raw = self._progress.read_peer(
+            dst, state_record.received_offset(self._progress.rank), state_record.COUNTER_SIZE
+        )
+        self._received_by[dst] = max(self._received_by[dst], state_record.decode_counter(raw))
+        return self._received_by[dst]
+
     def _wait_for_receiver(self, dst: int) -> None:
         progress = self._progress
-        offset = state_record.received_offset(progress.rank, progress.size)
 
         def room() -> bool | None:
-            return True if self._sent[dst] - progress.read_counter(dst, offset) < MAX_UNRECEIVED_SENDS else None
+            return True if self._sent[dst] - self._read_received_by(dst) < MAX_UNRECEIVED_SENDS else None
 
         what = f"receives of this rank's sends (at most {MAX_UNRECEIVED_SENDS} may wait unreceived)"
         poll(room, progress.deadline(), lambda: progress.timed_out(dst, what), lambda: progress.check_health(dst))

@@ -14,6 +14,7 @@ Every wait ends at the group's deadline, or earlier when the group is aborted or
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 
@@ -47,8 +48,10 @@ class Progress:
         self._flags = 0
         self._records = [LockedRecord(layout.state_file(directory, r)) for r in range(size)]
         self._abort = LockedRecord(os.path.join(directory, layout.ABORT_FILE))
-        #: the highest operation each peer was seen in (garbage collection reads it)
+        #: the highest operation each peer was seen in, and the furthest (operation, step) it was
+        #: seen at (garbage collection reads them)
         self.peer_seq = [-1] * size
+        self.peer_position = [(-1, 0)] * size
         #: each peer's record as last read (position and inline messages: one read gives both)
         self._seen = [b""] * size
         # running hash of every description so far, per seq: two ranks whose hashes differ at
@@ -63,6 +66,11 @@ class Progress:
         #: entered an operation whose start the record does not show yet (see ``enter``)
         self._unwritten = False
         self._local_ranks = 0  # ranks of the group on this machine (see ``_spins_for``)
+        #: record writes come from the operation's thread, and an abort from any thread: one at a
+        #: time, each with the header as it is then (never an older one over a newer one)
+        self._write_lock = threading.Lock()
+        #: whether a peer's record was read since ``abort_known`` last asked
+        self._read_since_check = False
         # the whole position part at once (header and empty inline slots): a peer's read of it
         # is then one full pread, never a short one followed by another to find the end
         self._mine[: state_record.HEADER_SIZE] = self._header()
@@ -107,10 +115,11 @@ class Progress:
         self.step = step
         start = state_record.slot_offset(slot)
         encoded = state_record.encode_slot(self.seq, step, message)
-        self._mine[start : start + len(encoded)] = encoded
-        self._mine[: state_record.HEADER_SIZE] = self._header()
-        self._records[self.rank].write(bytes(self._mine[: start + len(encoded)]))
-        self._unwritten = False
+        with self._write_lock:
+            self._mine[start : start + len(encoded)] = encoded
+            self._mine[: state_record.HEADER_SIZE] = self._header()
+            self._records[self.rank].write(bytes(self._mine[: start + len(encoded)]))
+            self._unwritten = False
         self.bell.ring(self.others)
 
     def inline_message(self, peer: int, step: int) -> bytes | None:
@@ -138,17 +147,19 @@ class Progress:
         return state_record.encode(self.seq, self.step, self.description, self._chain, self._flags)
 
     def _write(self) -> None:
-        header = self._header()
-        self._mine[: state_record.HEADER_SIZE] = header
-        self._records[self.rank].write(header)
-        self._unwritten = False
+        with self._write_lock:
+            header = self._header()
+            self._mine[: state_record.HEADER_SIZE] = header
+            self._records[self.rank].write(header)
+            self._unwritten = False
 
-    def write_counter(self, offset: int, value: int) -> None:
-        """One of this rank's point-to-point counters (state_record's sent/received offsets)."""
-        self._records[self.rank].write(state_record.encode_counter(value), offset)
+    def write_own(self, data: bytes, offset: int) -> None:
+        """Bytes of this rank's record past its position part (the point-to-point pair areas)."""
+        self._records[self.rank].write(data, offset)
 
-    def read_counter(self, rank: int, offset: int) -> int:
-        return state_record.decode_counter(self._records[rank].read(offset, state_record.COUNTER_SIZE))
+    def read_peer(self, rank: int, offset: int, size: int) -> bytes:
+        """Bytes of ``rank``'s record (short where it never wrote them)."""
+        return self._records[rank].read(offset, size)
 
     # ---- peers --------------------------------------------------------------------------
 
@@ -159,8 +170,13 @@ class Progress:
         theirs = state_record.decode(raw, self.state_path(peer))
         if theirs is state_record.NOT_STARTED:
             return theirs
+        if theirs.aborted:
+            reason = self.abort_reason() or f"rank {peer}'s record says it aborted the group"
+            raise PeerFailedError(f"{self.where()}: the group was aborted: {reason}")
+        self._read_since_check = True
         seq = theirs.seq
         self.peer_seq[peer] = max(self.peer_seq[peer], seq)
+        self.peer_position[peer] = max(self.peer_position[peer], theirs.position)
         mine = self._history.get(seq)
         if mine is not None and mine[0] != theirs.history and seq <= self.seq:
             if seq == self.seq and theirs.description != self.description:
@@ -206,14 +222,14 @@ class Progress:
         )
 
     def _spins_for(self, peer: int) -> bool:
-        """Whether to busy-wait for ``peer``'s ring: it rings, and this machine has a core for
-        each of the group's ranks on it (counted once, when every peer's doorbell opened)."""
-        if not self.bell.reaches(peer):
-            return False
-        if self._local_ranks == 0 or self._local_ranks < self.size:
-            local = self.bell.local_ranks()
-            if local == self.size or self._local_ranks == 0:
-                self._local_ranks = local
+        """Whether to busy-wait for ``peer``'s ring: it rings, and cores allow (``cores_to_spin``)."""
+        return self.bell.reaches(peer) and self.cores_to_spin()
+
+    def cores_to_spin(self) -> bool:
+        """Whether this machine has a core for each of the group's ranks on it, so a waiter may
+        busy-wait (counted again until every rank of the group is found here)."""
+        if self._local_ranks < self.size:
+            self._local_ranks = self.bell.local_ranks()
         return self._local_ranks <= _CORES
 
     def desync(self, peer: int, theirs: str) -> DesyncError:
@@ -237,8 +253,26 @@ class Progress:
     # ---- health, deadlines, errors ------------------------------------------------------
 
     def abort(self, reason: str) -> None:
-        """Mark the group failed so every peer's waits end at once with ``reason`` (first wins)."""
+        """Mark the group failed so every peer's waits end at once with ``reason`` (first wins):
+        in the group's abort file, and as a flag in this rank's record, which peers read anyway."""
         self._abort.update(lambda old: None if old else reason.encode())
+        self._flags |= state_record.FLAG_ABORTED
+        self._write()
+        self.bell.ring(self.others)
+
+    def abort_known(self) -> str | None:
+        """The abort reason, if the group was aborted, as far as this rank must look for it now.
+
+        A rank that aborts sets FLAG_ABORTED in its record, and so does every rank that fails
+        on seeing that flag (the adapter aborts the group on any failure): the flag spreads
+        along every pair of ranks that read each other. A rank that read a peer's record since
+        it last asked will hear of an abort that way, so it need not read the abort file; one
+        that reads no records (a broadcast root, a sender only) reads the file.
+        """
+        if self._read_since_check:
+            self._read_since_check = False
+            return None
+        return self.abort_reason()
 
     def abort_reason(self) -> str | None:
         raw = self._abort.read()

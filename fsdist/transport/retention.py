@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from ..defaults import ENV_REUSE_FILES, GC_BYTES, GC_EVERY, REUSE_FILES, REUSE_MIN_BYTES, RUN_AHEAD
 from ..files.io import publish
@@ -31,8 +32,7 @@ class Retention:
     def __init__(self, progress: Progress) -> None:
         self._progress = progress
         self.directory = progress.directory
-        # (seq, path, bytes, the spare it was written through, or the inline slot), oldest first
-        self._published: deque[tuple[int, str | None, int, SpareFile | None, int | None]] = deque()
+        self._published: deque[_Published] = deque()
         #: which inline slots of this rank's record hold a message peers may still read
         self._slot_in_use = [False] * INLINE_SLOTS
         self._bytes = 0
@@ -49,9 +49,11 @@ class Retention:
         spare.publish(path, buffers)
         return path, spare
 
-    def keep(self, seq: int, path: str, size: int, spare: SpareFile | None) -> None:
-        """Remember a published collective message until every peer is past ``seq``."""
-        self._published.append((seq, path, size, spare, None))
+    def keep(
+        self, seq: int, step: int, path: str, size: int, spare: SpareFile | None, readers: Sequence[int] | None
+    ) -> None:
+        """Remember a published collective message until its readers are past it (``_Published``)."""
+        self._published.append(_Published(seq, step, readers, path, size, spare))
         self._bytes += size
 
     def free_slot(self) -> int | None:
@@ -60,10 +62,10 @@ class Retention:
             self.collect()
         return next((slot for slot, used in enumerate(self._slot_in_use) if not used), None)
 
-    def keep_inline(self, seq: int, slot: int) -> None:
-        """Hold inline slot ``slot`` until every peer is past ``seq``."""
+    def keep_inline(self, seq: int, step: int, slot: int, readers: Sequence[int] | None) -> None:
+        """Hold inline slot ``slot`` until its message's readers are past it."""
         self._slot_in_use[slot] = True
-        self._published.append((seq, None, 0, None, slot))
+        self._published.append(_Published(seq, step, readers, slot=slot))
 
     def collect_if_due(self, seq: int) -> None:
         """Collect every GC_EVERY operations, past GC_BYTES, or when a spare is in reach."""
@@ -72,36 +74,44 @@ class Retention:
 
     def hold_back_if_ahead(self, seq: int) -> None:
         """Wait while this rank is more than RUN_AHEAD operations ahead of its slowest peer."""
-        if self._published and seq - self._published[0][0] > RUN_AHEAD:
+        if self._published and seq - self._published[0].seq > RUN_AHEAD:
             self._wait_for_stragglers()
 
     def collect(self) -> None:
-        """Dispose of own messages of operations every peer has finished (they moved past them)."""
+        """Dispose of own messages that their readers are done with (in publishing order).
+
+        A message for any peer is done once every peer is in a later operation; one for named
+        readers once each of them has reached a later step (it reads before it moves on). Only
+        the readers of the oldest message whose positions are not known to be past it are read.
+        """
         if not self._published:
             return
         progress = self._progress
-        for peer in progress.others:
-            if progress.peer_seq[peer] <= self._published[0][0]:
+        oldest = self._published[0]
+        for peer in progress.others if oldest.readers is None else oldest.readers:
+            if not oldest.done_for(progress, peer):
                 progress.peer_state(peer)
-        done_below = min((progress.peer_seq[r] for r in progress.others), default=progress.seq + 1)
-        while self._published and self._published[0][0] < done_below:
-            _, path, size, spare, slot = self._published.popleft()
-            if slot is not None:
-                self._slot_in_use[slot] = False
-            elif path is not None:
-                self._bytes -= size
-                self.spares.give_back(path, size, spare)
+        while self._published and all(
+            self._published[0].done_for(progress, peer)
+            for peer in (progress.others if self._published[0].readers is None else self._published[0].readers)
+        ):
+            done = self._published.popleft()
+            if done.slot is not None:
+                self._slot_in_use[done.slot] = False
+            elif done.path is not None:
+                self._bytes -= done.size
+                self.spares.give_back(done.path, done.size, done.spare)
 
     def close(self) -> None:
         """Unmap every spare (the files themselves go with the group's directory)."""
-        for _, _, _, spare, _ in self._published:
-            if spare is not None:
-                spare.close(remove=False)
+        for published in self._published:
+            if published.spare is not None:
+                published.spare.close(remove=False)
         self.spares.close()
 
     def _spare_in_reach(self) -> bool:
         """Whether the oldest uncollected message would become a spare: collect it now, not later."""
-        return bool(self._published) and self.spares.wants(self._published[0][2])
+        return bool(self._published) and self.spares.wants(self._published[0].size)
 
     def _wait_for_stragglers(self) -> None:
         """Block until the slowest peer is within RUN_AHEAD / 2 operations of this rank."""
@@ -110,7 +120,7 @@ class Retention:
 
         def caught_up() -> bool | None:
             self.collect()
-            return True if not self._published or progress.seq - self._published[0][0] <= RUN_AHEAD // 2 else None
+            return True if not self._published or progress.seq - self._published[0].seq <= RUN_AHEAD // 2 else None
 
         def timed_out() -> BaseException:
             slowest = min(progress.others, key=lambda r: progress.peer_seq[r])
@@ -118,6 +128,24 @@ class Retention:
 
         # every peer's health, not just the one that looked slowest: cached positions go stale
         poll(caught_up, progress.deadline(), timed_out, lambda: progress.check_health(None), progress.bell.wait)
+
+
+@dataclass
+class _Published:
+    """One own message of a collective, kept until its readers are done with it."""
+
+    seq: int
+    step: int
+    readers: Sequence[int] | None  # None: any peer may read it
+    path: str | None = None  # its file, or None in an inline slot
+    size: int = 0
+    spare: SpareFile | None = None  # the spare it was written through
+    slot: int | None = None  # its inline slot
+
+    def done_for(self, progress: Progress, peer: int) -> bool:
+        if self.readers is None:
+            return progress.peer_seq[peer] > self.seq
+        return progress.peer_position[peer] > (self.seq, self.step)
 
 
 def _reuse_files(directory: str) -> bool:
