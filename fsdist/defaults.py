@@ -114,4 +114,4 @@ INLINE = os.environ.get(ENV_INLINE, "1") != "0"
 INLINE_RUN_BYTES = 64 << 10
 #: Such an operation that its caller has not waited for after this long (an ``async_op=True``
 #: one) is taken by the worker. The worker is not woken for it, only looks this often.
-HANDOFF_SECONDS = 2e-3
+HANDOFF_SECONDS = 1e-3

@@ -64,14 +64,14 @@ def barrier_doubling(t: CollectiveChannel, first: int = 1) -> None:
     power, extra, rounds = _shape(t.size)
     rank, last = t.rank, first + 1 + rounds
     if rank >= power:
-        t.advance(first)
+        t.advance(first, waiters=[rank - power])
         t.wait_for(rank - power, last)
         return
     if rank < extra:
         t.wait_for(rank + power, first)
     for round_ in range(rounds):
-        step = first + 1 + round_
-        t.advance(step)
-        t.wait_for(rank ^ (1 << round_), step)
+        partner, step = rank ^ (1 << round_), first + 1 + round_
+        t.advance(step, waiters=[partner])
+        t.wait_for(partner, step)
     if rank < extra:
-        t.advance(last)
+        t.advance(last, waiters=[rank + power])

@@ -79,17 +79,17 @@ class GroupTransport:
             slot = self.retention.free_slot()
             if slot is not None:
                 encoded = b"".join(message.encode(seq, tag, description, tensors, message.INLINE_ALIGN))
-                self.progress.advance_inline(step, slot, encoded)
+                self.progress.advance_inline(step, slot, encoded, readers)
                 self.retention.keep_inline(seq, step, slot, readers)
                 return
         buffers = message.encode(seq, tag, description, tensors)
         size = sum(len(b) for b in buffers)
         path, spare = self.retention.write(layout.message_name(self.rank, seq, step), buffers, size)
         self.retention.keep(seq, step, path, size, spare, readers)
-        self.progress.advance(step)
+        self.progress.advance(step, readers)
 
-    def advance(self, step: int) -> None:
-        self.progress.advance(step)
+    def advance(self, step: int, waiters: Sequence[int] | None = None) -> None:
+        self.progress.advance(step, waiters)
 
     def wait_for(self, peer: int, step: int) -> None:
         self.progress.wait_for(peer, step)

@@ -66,8 +66,12 @@ class CollectiveChannel(Protocol):
         the other ranks are; a reader must have read it before it reaches a later step.
         """
 
-    def advance(self, step: int) -> None:
-        """Reach ``step`` without a message (a barrier, a rank with nothing to send)."""
+    def advance(self, step: int, waiters: Sequence[int] | None = None) -> None:
+        """Reach ``step`` without a message (a barrier, a rank with nothing to send).
+
+        ``waiters``: the only ranks that wait for this step (None: any peer may); the others
+        need not be woken. (A message's ``readers`` are its step's waiters likewise.)
+        """
 
     def wait_for(self, peer: int, step: int) -> None:
         """Return once ``peer`` has reached ``step`` of this operation (or gone past it)."""

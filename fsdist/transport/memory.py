@@ -10,6 +10,7 @@ same operation with another description is a DesyncError; waits end at a deadlin
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -78,10 +79,12 @@ class MemoryWorld:
         for wakeup in self.wakeups:
             wakeup.notify()
 
-    def moved(self, rank: int) -> None:
-        """``rank`` changed position: wake whoever waits for it. Call with the lock held."""
+    def moved(self, rank: int, waiters: Sequence[int] | None = None) -> None:
+        """``rank`` changed position: wake whoever waits for it (only ``waiters`` if given, as a
+        doorbell would: a rank left out by mistake sleeps to its timeout and the test fails).
+        Call with the lock held."""
         for waiter, peer in enumerate(self.waiting_for):
-            if peer == rank:
+            if peer == rank and (waiters is None or waiter in waiters):
                 self.wakeups[waiter].notify()
 
     def run(self, function: Callable[[MemoryChannel], Any]) -> list[Any]:
@@ -138,12 +141,12 @@ class MemoryChannel:
         msg.readers = None if readers is None else frozenset(readers)
         with self._world.lock:
             self._world.messages[(self.rank, self.seq, step)] = msg
-        self.advance(step)
+        self.advance(step, readers)
 
-    def advance(self, step: int) -> None:
+    def advance(self, step: int, waiters: Sequence[int] | None = None) -> None:
         with self._world.lock:
             self._world.positions[self.rank] = (self.seq, step)
-            self._world.moved(self.rank)
+            self._world.moved(self.rank, waiters)
 
     def wait_for(self, peer: int, step: int) -> None:
         world = self._world
@@ -158,10 +161,16 @@ class MemoryChannel:
                 return world.positions[peer] >= (self.seq, step)
 
             world.waiting_for[self.rank] = peer
+            start = time.monotonic()
             try:
                 arrived_in_time = world.wakeups[self.rank].wait_for(arrived, world.timeout)
             finally:
                 world.waiting_for[self.rank] = None
+            if arrived_in_time and time.monotonic() - start >= world.timeout:
+                # the step was there when the wait gave up, but nothing woke this rank for it
+                raise AssertionError(
+                    f"rank {self.rank} was not woken for rank {peer}'s step {step}: left out of its waiters?"
+                )
             if not arrived_in_time:
                 raise FsdistTimeoutError(
                     f"rank {self.rank}, operation #{self.seq} '{self.description}': Timed out waiting for "

@@ -17,6 +17,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 
 from ..defaults import RING_SPIN_SECONDS, SPIN_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
@@ -99,17 +100,18 @@ class Progress:
         if self._unwritten:
             self._write()
 
-    def advance(self, step: int) -> None:
-        """Reach ``step`` of the current operation, and ring the peers that may wait for it.
+    def advance(self, step: int, waiters: Sequence[int] | None = None) -> None:
+        """Reach ``step`` of the current operation, and ring the peers that may wait for it
+        (``waiters``, or every peer).
 
         Only steps ring the peers' doorbells: a peer waits for a step, never for ``enter``
         alone, so ringing there would wake (and on shared cores, preempt for) nothing.
         """
         self.step = step
         self._write()
-        self.bell.ring(self.others)  # after the record: a woken peer finds what it waits for
+        self.bell.ring(self.others if waiters is None else waiters)  # after the record: a woken peer finds it
 
-    def advance_inline(self, step: int, slot: int, message: bytes) -> None:
+    def advance_inline(self, step: int, slot: int, message: bytes, waiters: Sequence[int] | None = None) -> None:
         """Reach ``step`` with its message in inline slot ``slot``: one write of the record, from
         its start through the slot (the slots before it rewritten as they are)."""
         self.step = step
@@ -120,7 +122,7 @@ class Progress:
             self._mine[: state_record.HEADER_SIZE] = self._header()
             self._records[self.rank].write(bytes(self._mine[: start + len(encoded)]))
             self._unwritten = False
-        self.bell.ring(self.others)
+        self.bell.ring(self.others if waiters is None else waiters)
 
     def inline_message(self, peer: int, step: int) -> bytes | None:
         """``peer``'s inline message of (current operation, ``step``), or None if it sent a file.
