@@ -7,7 +7,10 @@ publish. So a rank that publishes also *rings* its peers: it writes one byte int
 FIFO (``wake.r<rank>``, a named pipe: a file in the shared directory, no socket), and a
 waiting rank sleeps in ``select`` on its own FIFO, woken by the kernel within tens of µs.
 
-The bell only shortens sleeps; it never replaces the record check. A FIFO carries bytes only
+A ring is the ringer's rank (4 bytes little-endian: a write of at most PIPE_BUF bytes is never
+split), so a waiter knows who rang and need not re-read the record of a peer that has not (on
+NFS every read is a round trip). The bell only shortens sleeps; it never replaces the record
+check. A FIFO carries bytes only
 between processes of one host (on NFS each client has its own pipe), so peers on other
 machines are still found by the polling schedule, whose sleep is the ``select`` timeout. Where
 FIFOs cannot be made (some FUSE filesystems) the bell is silent and waiting is plain polling.
@@ -19,6 +22,7 @@ import errno
 import os
 import select
 import stat
+import struct
 import time
 from collections.abc import Iterable
 
@@ -28,6 +32,7 @@ from .io import OPEN_FLAGS
 __all__ = ["Doorbell"]
 
 _RETRY_OPEN_SECONDS = 1.0  # a peer whose FIFO could not be opened (another host, not yet made)
+_RING = struct.Struct("<I")  # a ring: the ringer's rank
 
 
 class Doorbell:
@@ -55,6 +60,9 @@ class Doorbell:
                 os.close(fd)
         self._peers: list[int] = [-1] * size
         self._retry_at = [0.0] * size
+        self._ring = _RING.pack(rank)
+        #: peers whose rings were drained from the pipe and not taken yet (``take_ring``)
+        self._rung: set[int] = set()
 
     def ring(self, peers: Iterable[int]) -> None:
         """Wake ``peers`` if they wait (a full pipe already holds a wake-up: nothing lost)."""
@@ -65,7 +73,7 @@ class Doorbell:
                 if fd < 0:
                     continue
             try:
-                os.write(fd, b"\1")
+                os.write(fd, self._ring)
             except BlockingIOError:
                 pass
             except OSError:  # EPIPE: the peer closed its end (it left); never ring it again
@@ -98,36 +106,50 @@ class Doorbell:
         return self._fd >= 0 and (self._peers[peer] >= 0 or self._open_peer(peer) >= 0)
 
     def spin(self, seconds: float) -> bool:
-        """Busy-wait up to ``seconds`` for a ring (swallowed); True if one came. No sleep, no
-        lock, no filesystem call: one non-blocking read of this rank's pipe per turn."""
+        """Busy-wait up to ``seconds`` for a ring; True if one came. No sleep, no lock, no
+        filesystem call: one non-blocking read of this rank's pipe per turn."""
         if self._fd < 0:
             return False
         end = time.monotonic() + seconds
         while True:
-            try:
-                if os.read(self._fd, 4096):
-                    return True
-            except BlockingIOError:
-                pass
+            if self._drain():
+                return True
             if time.monotonic() >= end:
                 return False
+
+    def take_ring(self, peer: int) -> bool:
+        """Whether ``peer`` rang since this was last asked of it (the answer is used up)."""
+        if peer in self._rung:
+            self._rung.discard(peer)
+            return True
+        return False
+
+    def _drain(self) -> bool:
+        """Read every ring waiting in the pipe into ``_rung``; True if there was any."""
+        got = False
+        while True:
+            try:
+                raw = os.read(self._fd, 4096)
+            except BlockingIOError:
+                return got
+            got = got or bool(raw)
+            for (peer,) in _RING.iter_unpack(raw[: len(raw) - len(raw) % _RING.size]):
+                if peer < len(self._peers):
+                    self._rung.add(peer)
+            if len(raw) < 4096:
+                return got
 
     def local_ranks(self) -> int:
         """How many ranks of the group run on this host (this one and those whose FIFO opens here)."""
         return 1 + sum(1 for peer in range(len(self._peers)) if peer != self._rank and self.reaches(peer))
 
-    def wait(self, seconds: float) -> None:
-        """Sleep up to ``seconds``, less if a peer rings; swallow the rings that arrived."""
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, less if a peer rings; True if one did (``take_ring`` says who)."""
         if self._fd < 0:
             time.sleep(seconds)
-            return
+            return False
         ready, _, _ = select.select([self._fd], [], [], seconds)
-        if ready:
-            try:
-                while len(os.read(self._fd, 4096)) == 4096:
-                    pass
-            except BlockingIOError:
-                pass
+        return bool(ready) and self._drain()
 
     def close(self) -> None:
         for fd in (self._fd, *self._peers):

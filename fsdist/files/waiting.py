@@ -43,8 +43,9 @@ def poll(
     deadline: Deadline,
     on_timeout: Callable[[], BaseException],
     health_check: Callable[[], None] | None = None,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], object] = time.sleep,
     spin: float = SPIN_SECONDS,
+    first_pause: float = FIRST_SLEEP_SECONDS,
 ) -> T:
     """Call ``attempt`` until it returns something other than ``None``.
 
@@ -52,20 +53,21 @@ def poll(
     (abort marker, dead peer). When the deadline passes, ``on_timeout()`` is raised.
     ``sleep(seconds)`` pauses between attempts; a doorbell's wait returns early when rung.
     For ``spin`` seconds attempts follow each other without a pause: pass 0 where a doorbell
-    will end the sleep anyway (each attempt is a locked read: on NFS, a round trip).
+    will end the sleep anyway (each attempt is a locked read: on NFS, a round trip), and a
+    longer ``first_pause`` where the bell, not the schedule, is what ends a sleep.
     """
     result = attempt()
     if result is not None:
         return result
     start = time.monotonic()
     next_health = start + HEALTH_CHECK_SECONDS
-    pause = FIRST_SLEEP_SECONDS
+    pause = first_pause
     while True:
         now = time.monotonic()
         if now - start >= spin:
             sleep(pause)
             cap = MAX_SLEEP_SECONDS if now - start < LONG_WAIT_SECONDS else LONG_SLEEP_SECONDS
-            pause = min(pause * 2, cap)
+            pause = min(pause * 2, max(cap, first_pause))
             now = time.monotonic()
         result = attempt()
         if result is not None:

@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 
-from ..defaults import RING_SPIN_SECONDS, SPIN_SECONDS
+from ..defaults import LONG_SLEEP_SECONDS, RING_SPIN_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
 from ..files.doorbell import Doorbell
 from ..files.locks import LockedRecord
@@ -209,18 +209,37 @@ class Progress:
             if arrived():
                 return
             self._write()
+        if not self.bell.reaches(peer):  # another host: its steps are found by polling alone
+            poll(
+                arrived, self.deadline(), lambda: self.timed_out(peer, f"step {step}"), lambda: self.check_health(peer)
+            )
+            return
+        # A peer on this host rings this rank when it reaches a step this rank waits for (after
+        # writing its record), so its record is read only once it rang, or when a sleep ended
+        # without any ring (a ring lost to a full pipe, or sent before this rank's pipe existed)
         if self._spins_for(peer):
             end = time.monotonic() + RING_SPIN_SECONDS
             while (left := end - time.monotonic()) > 0:
-                if self.bell.spin(left) and arrived():  # a ring: maybe this peer's step
+                if self.bell.spin(left) and self.bell.take_ring(peer) and arrived():
                     return
+        quiet = [False]
+
+        def rung_and_arrived() -> bool | None:
+            if self.bell.take_ring(peer) or quiet[0]:
+                return arrived()
+            return None
+
+        def sleep(seconds: float) -> None:
+            quiet[0] = not self.bell.wait(seconds)
+
         poll(
-            arrived,
+            rung_and_arrived,
             self.deadline(),
             lambda: self.timed_out(peer, f"step {step}"),
             lambda: self.check_health(peer),
-            self.bell.wait,
-            spin=0.0 if self.bell.reaches(peer) else SPIN_SECONDS,  # a local peer rings: no re-reads
+            sleep,
+            spin=0.0,
+            first_pause=LONG_SLEEP_SECONDS,  # the ring ends the sleep; the timeout is the safety net
         )
 
     def _spins_for(self, peer: int) -> bool:
