@@ -37,10 +37,12 @@ done
 rpc.mountd; rpc.nfsd 8
 sleep 12  # the grace period
 py=$repo/.venv/bin/python
-# every RPC any client here starts, counted by program/version/procedure (rpc_count.py reads the
-# histogram): NLM's locks on v3 are RPCs of lockd, which the NFS mounts' own counters do not show
+# every RPC any client here starts, counted by procedure and program version (rpc_count.py reads
+# the histogram): NLM's locks on v3 are RPCs of lockd, which the NFS mounts' own counters do not
+# show. Not keyed by program name: two string keys (256 bytes each) overflow a histogram key, and
+# the kernel refuses the trigger (EINVAL). Within the v3 phase, version 3 is NFS and 4 is NLM.
 mount -t tracefs tracefs /sys/kernel/tracing 2>/dev/null
-echo 'hist:keys=progname,version,procname:size=4096' >/sys/kernel/tracing/events/sunrpc/rpc_request/trigger
+echo 'hist:keys=procname,version:size=4096' >/sys/kernel/tracing/events/sunrpc/rpc_request/trigger
 set +x
 
 # suite LABEL: doctor across the two mounts, then 4 ranks (0-1 through /mnt/a, 2-3 through /mnt/b)

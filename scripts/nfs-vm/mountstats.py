@@ -7,8 +7,9 @@ Two sources, both the kernel's own counters (no dependency beyond the standard l
   the NFS program's RPCs only: on NFS v3 the locks go to lockd (NLM), a separate RPC program
   that mountstats does not show.
 - the ``sunrpc:rpc_request`` trace event with a histogram trigger (guest.sh sets it), keyed by
-  program, version and procedure: every RPC any client in the VM starts, so NLM's LOCK/UNLOCK on
-  v3 (program ``lockd``), and the server's callbacks to its v4 clients (``nfs4_cb``), too.
+  procedure and program version: every RPC any client in the VM starts, so NLM's LOCK/UNLOCK on
+  NFS v3 (lockd's version 4: "rpc v4 LOCK" in the v3 phase) and the server's callbacks to its v4
+  clients, too. (The program's name is no key: two string keys overflow the histogram's key.)
 
 rpc_count.py prints one ``RPC {json}`` line per measured window and counter; ``summary`` makes a
 table of one run's lines, ``compare`` one of two runs' (before and after) with the ratio.
@@ -57,7 +58,7 @@ def mount_ops(mount_point: str, path: str = MOUNTSTATS) -> dict[str, int]:
 
 
 def parse_hist(text: str) -> dict[str, int]:
-    """{"nfs v3 GETATTR": hits, "lockd v4 LOCK": hits, ...} from the rpc_request histogram."""
+    """{"rpc v3 GETATTR": hits, ...} from the rpc_request histogram ("lockd v4 LOCK" if keyed by progname)."""
     counts: dict[str, int] = {}
     for line in text.splitlines():
         m = re.match(r"^\{(.*)\}\s*hitcount:\s*(\d+)", line.strip())
@@ -65,7 +66,7 @@ def parse_hist(text: str) -> dict[str, int]:
             continue
         keys = dict(part.split(":", 1) for part in m.group(1).split(",") if ":" in part)
         keys = {k.strip(): v.strip() for k, v in keys.items()}
-        name = f"{keys.get('progname', '?')} v{keys.get('version', '?')} {keys.get('procname', '?')}"
+        name = f"{keys.get('progname', 'rpc')} v{keys.get('version', '?')} {keys.get('procname', '?')}"
         counts[name] = counts.get(name, 0) + int(m.group(2))
     return counts
 
