@@ -73,14 +73,26 @@ def test_nfs_vm_rpc_counts_parse_mountstats_and_the_rpc_histogram() -> None:
 def test_nfs_vm_rpc_tables_are_per_op_per_rank_summed_over_mounts() -> None:
     ms = _nfs_vm_module("mountstats")
 
-    def rec(mount: str, delta: dict[str, int]) -> str:
-        r = {"label": "NFS v3", "source": "mountstats", "mount": mount, "kind": "barrier", "units": 10, "ranks": 2}
+    def rec(source: str, mount: str, ranks: int, delta: dict[str, int]) -> str:
+        r = {"label": "NFS v3", "source": source, "mount": mount, "kind": "barrier", "units": 10, "ranks": ranks}
         return "RPC " + json.dumps({**r, "seconds": 1.0, "delta": delta})
 
-    before = ms.read_records(["noise", rec("/mnt/a", {"GETATTR": 40}), rec("/mnt/b", {"GETATTR": 40, "READ": 20})])
-    after = ms.read_records([rec("/mnt/a", {"GETATTR": 20}), rec("/mnt/b", {"GETATTR": 20})])
+    before = ms.read_records(
+        [
+            "noise",
+            rec("mountstats", "/mnt/a", 2, {"GETATTR": 40}),
+            rec("mountstats", "/mnt/b", 2, {"GETATTR": 40, "READ": 20}),
+            rec("trace", "all", 4, {"rpc v3 GETATTR": 80, "rpc v3 READ": 20, "rpc v4 LOCK": 40}),
+        ]
+    )
+    after = ms.read_records(
+        [rec("mountstats", "/mnt/a", 2, {"GETATTR": 20}), rec("mountstats", "/mnt/b", 2, {"GETATTR": 20})]
+    )
     assert ms.per_rank(before, "NFS v3", "mountstats", "barrier") == {"GETATTR": 2.0, "READ": 0.5}
+    # NFS ops from the mounts' counters; the histogram adds what they miss (v3: NLM is lockd's version 4)
+    assert ms.merged(before, "NFS v3", "barrier") == {"GETATTR": 2.0, "READ": 0.5, "NLM LOCK (lockd)": 1.0}
     table = ms.compare(before, after)
-    assert "| GETATTR | 2.00 | 1.00 | 0.50 |" in table and "| **total** | 2.50 | 1.00 | 0.40 |" in table
-    assert "READ | 0.50 | – | –" in table
+    assert "| GETATTR | 2.00 | 1.00 | 0.50 |" in table and "| READ | 0.50 | – | – |" in table
+    assert "| **total NFS ops (mountstats)** | 2.50 | 1.00 | 0.40 |" in table
+    assert "| **total, every RPC** | 3.50 | 1.00 | 0.29 |" in table
     assert "total" in ms.summary(after)

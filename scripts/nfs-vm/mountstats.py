@@ -137,25 +137,73 @@ def summary(records: list[dict[str, object]]) -> str:
     return "\n".join(out)
 
 
+def _trace_only(label: str, key: str, nfs_ops: set[str]) -> str | None:
+    """The row name of a histogram key the mounts' counters do not show, None for an NFS op they do.
+
+    Keys are "rpc vN NAME" (or "PROG vN NAME"): within the NFS v3 phase version 4 is NLM (lockd)
+    and NAMEs of NFS's own version that mountstats lacks are NFSACL's; within the v4 phase
+    version 1 is the server's callbacks to its clients.
+    """
+    _, version, name = key.split(" ", 2)
+    nfs_version = "v4" if label.startswith("NFS v4") else "v3"
+    if version == nfs_version and name in nfs_ops:
+        return None
+    if nfs_version == "v3" and version == "v4":
+        return f"NLM {name} (lockd)"
+    if nfs_version == "v4" and version == "v1":
+        return f"{name} (server→client callback)"
+    return f"{key} (not in mountstats)"
+
+
+def merged(records: list[dict[str, object]], label: str, kind: str) -> dict[str, float]:
+    """Per op per rank: the NFS ops from mountstats, plus the RPCs only the histogram saw (NLM, callbacks)."""
+    out = dict(per_rank(records, label, "mountstats", kind) or {})
+    for key, value in (per_rank(records, label, "trace", kind) or {}).items():
+        name = _trace_only(label, key, set(out))
+        if name is not None:
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
 def compare(before: list[dict[str, object]], after: list[dict[str, object]]) -> str:
-    """Markdown: per (version, source, kind), RPCs per op per rank by type, before, after, after/before."""
+    """Markdown, a table per NFS version: RPCs per op per rank by type, before, after, after/before.
+
+    Each kind of op gets its columns (idle: RPCs per second per rank); rows are the NFS ops the
+    mounts counted, then the RPCs only the trace histogram saw (marked), then the totals.
+    """
     out: list[str] = []
-    for label, source, kind in _kinds(before + after):
-        b = per_rank(before, label, source, kind) or {}
-        a = per_rank(after, label, source, kind) or {}
-        unit = "second" if kind.startswith("idle") else "op"
-        out += [
-            f"\n{label}, {source}, {kind} (RPCs per {unit} per rank)\n",
-            "| type | before | after | after/before |",
-            "|---|--:|--:|--:|",
-        ]
-        ops = sorted(set(a) | set(b), key=lambda o: -max(a.get(o, 0.0), b.get(o, 0.0)))
-        for op in [*ops, "total"]:
-            vb = sum(b.values()) if op == "total" else b.get(op)
-            va = sum(a.values()) if op == "total" else a.get(op)
-            ratio = f"{va / vb:.2f}" if va is not None and vb else "–"
-            name = "**total**" if op == "total" else op
-            out.append(f"| {name} | {_fmt(vb)} | {_fmt(va)} | {ratio} |")
+    labels = list(dict.fromkeys(str(r["label"]) for r in before + after))
+    kinds = list(dict.fromkeys(str(r["kind"]) for r in before + after))
+    for label in labels:
+        b = {k: merged(before, label, k) for k in kinds}
+        a = {k: merged(after, label, k) for k in kinds}
+        head, rule = "| RPC type |", "|---|"
+        for k in kinds:
+            unit = "per s" if k.startswith("idle") else "per op"
+            head += f" {k} {unit}: before | after | after/before |"
+            rule += "--:|--:|--:|"
+        out += [f"\n{label}: RPCs per rank\n", head, rule]
+        names: dict[str, float] = {}
+        for k in kinds:
+            for side in (a[k], b[k]):
+                for name, v in side.items():
+                    names[name] = max(names.get(name, 0.0), v)
+        ordered = sorted(names, key=lambda n: ("(" in n, -names[n]))
+        nfs_rows = [n for n in ordered if "(" not in n]
+        extra_rows = [n for n in ordered if "(" in n]
+        rows: list[tuple[str, list[str] | None]] = [(n, None) for n in nfs_rows + extra_rows]
+        rows += [("**total NFS ops (mountstats)**", nfs_rows), ("**total, every RPC**", nfs_rows + extra_rows)]
+        for title, members in rows:
+            row = f"| {title} |"
+            for k in kinds:
+                if members is None:
+                    vb, va = b[k].get(title), a[k].get(title)
+                else:
+                    vb = sum(b[k].get(m, 0.0) for m in members) if b[k] else None
+                    va = sum(a[k].get(m, 0.0) for m in members) if a[k] else None
+                ratio = f"{va / vb:.2f}" if va is not None and vb else "–"
+                row += f" {_fmt(vb)} | {_fmt(va)} | {ratio} |"
+            out.append(row)
     return "\n".join(out)
 
 
