@@ -10,7 +10,7 @@
 # barrier and per idle second per rank, by type, from the client's own counters.
 # FSDIST_NFS_CHECK=rpc runs only the RPC count (no doctor, no 4-rank check, no DDP);
 # FSDIST_NFS_RPC_OPS sets the ops per measured loop (default 200).
-# Result: the work folder's result.txt (also printed). ~15 minutes under software emulation.
+# Result: the work folder's result.txt (also printed). ~25 minutes under software emulation (RPC count only: 11-15).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-/var/tmp/fsdist-nfs-vm}
