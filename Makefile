@@ -22,11 +22,13 @@ test-frameworks:
 test-gluster:
 	FSDIST_REQUIRE_GLUSTER=1 scripts/test.sh test_gluster.py
 
-# Kernel NFS v3 and v4.2 in a QEMU VM (root; ~15 minutes of software emulation); result in
+# Kernel NFS v3 and v4.2 in a QEMU VM (root; ~25 minutes of software emulation); result in
 # /var/tmp/fsdist-nfs-vm/result.txt. Needs the .venv of `make test` (the VM runs it over 9p).
+# Ends with the RPC count (NFS RPCs per small all_reduce/barrier per rank, by type);
+# `make test-nfs FSDIST_NFS_CHECK=rpc` runs only that (FSDIST_NFS_RPC_OPS: ops per loop, 200).
 test-nfs:
 	scripts/setup-venv.sh .venv test
-	scripts/nfs-vm/run.sh
+	FSDIST_NFS_CHECK=$(FSDIST_NFS_CHECK) FSDIST_NFS_RPC_OPS=$(FSDIST_NFS_RPC_OPS) scripts/nfs-vm/run.sh
 
 lint:
 	scripts/lint.sh

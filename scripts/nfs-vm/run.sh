@@ -6,7 +6,11 @@
 # an NFS server exporting a tmpfs, mounted twice as two clients (v3: the second with
 # nosharecache; v4.2: the second from its own network namespace and hostname), doctor across
 # the two mounts, and ranks split across them, once per version.
-# Result: the work folder's result.txt (also printed). ~15 minutes under software emulation.
+# Then, on each version, the RPC count (rpc_count.py): the NFS RPCs per small all_reduce, per
+# barrier and per idle second per rank, by type, from the client's own counters.
+# FSDIST_NFS_CHECK=rpc runs only the RPC count (no doctor, no 4-rank check, no DDP);
+# FSDIST_NFS_RPC_OPS sets the ops per measured loop (default 200).
+# Result: the work folder's result.txt (also printed). ~25 minutes under software emulation (RPC count only: 11-15).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-/var/tmp/fsdist-nfs-vm}
@@ -23,6 +27,9 @@ for path in "$repo" "$work"; do
     esac
   done
 done
+check=${FSDIST_NFS_CHECK:-all} rpc_ops=${FSDIST_NFS_RPC_OPS:-200}
+case "$check" in all|rpc) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default) or rpc, not '$check'" >&2; exit 2;; esac
+case "$rpc_ops" in ''|*[!0-9]*) echo "test-nfs: FSDIST_NFS_RPC_OPS must be a number, not '$rpc_ops'" >&2; exit 2;; esac
 [ "$(id -u)" = 0 ] || { echo "test-nfs: needs root" >&2; exit 77; }
 need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
@@ -45,7 +52,7 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 for pass in 1 2; do for m in \$(cat /mods/order); do insmod /mods/\$m 2>/dev/null; done; done
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288 hostroot /host
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 share /host$work
-chroot /host /bin/bash $repo/scripts/nfs-vm/guest.sh $repo $work > /host$work/guest.log 2>&1
+chroot /host /bin/bash $repo/scripts/nfs-vm/guest.sh $repo $work $check $rpc_ops > /host$work/guest.log 2>&1
 sync; poweroff -f
 INIT
 chmod +x "$work/initrd/init"
