@@ -88,13 +88,10 @@ class Retention:
             return
         progress = self._progress
         oldest = self._published[0]
-        for peer in progress.others if oldest.readers is None else oldest.readers:
+        for peer in oldest.readers_among(progress.others):
             if not oldest.done_for(progress, peer):
                 progress.peer_state(peer)
-        while self._published and all(
-            self._published[0].done_for(progress, peer)
-            for peer in (progress.others if self._published[0].readers is None else self._published[0].readers)
-        ):
+        while self._published and self._published[0].done(progress):
             done = self._published.popleft()
             if done.slot is not None:
                 self._slot_in_use[done.slot] = False
@@ -141,6 +138,13 @@ class _Published:
     size: int = 0
     spare: SpareFile | None = None  # the spare it was written through
     slot: int | None = None  # its inline slot
+
+    def readers_among(self, others: Sequence[int]) -> Sequence[int]:
+        return others if self.readers is None else self.readers
+
+    def done(self, progress: Progress) -> bool:
+        """Whether every reader is done with it (so its space may be reused)."""
+        return all(self.done_for(progress, peer) for peer in self.readers_among(progress.others))
 
     def done_for(self, progress: Progress, peer: int) -> bool:
         if self.readers is None:
