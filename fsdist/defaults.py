@@ -89,9 +89,10 @@ ALLREDUCE_SLICED_MIN_BYTES = 256 * 1024
 DOUBLING_MIN_RANKS = 4
 DOUBLING_MAX_BYTES = 1024
 
-#: torch intra-op threads of a group's worker thread (OpenMP's setting is per thread, so the
-#: caller's own thread count is untouched). Several ranks share a machine's cores, and
-#: OpenMP workers that spin after each reduction steal them from the peers: one thread per
+#: torch intra-op threads of fsdist's own tensor work: a group's worker thread, and a caller's
+#: thread while it runs an operation itself (c10d/intraop.py: set per thread through OpenMP, so
+#: nobody else's thread count changes). Several ranks share a machine's cores, and OpenMP
+#: workers that spin after each copy or reduction steal them from the peers: one thread per
 #: rank, as Gloo reduces, measured 2.5× faster for a 1 MiB all_reduce on 2 cores.
 ENV_REDUCE_THREADS = "FSDIST_REDUCE_THREADS"
 REDUCE_THREADS = int(os.environ.get(ENV_REDUCE_THREADS, "1"))
@@ -109,8 +110,8 @@ FILE_MODE = 0o660 if _GROUP else 0o600
 ENV_INLINE = "FSDIST_INLINE"
 INLINE = os.environ.get(ENV_INLINE, "1") != "0"
 #: A synchronous operation of at most this many bytes runs on its caller's thread when nothing
-#: is queued before it (no hand-off to the group's worker and back). Larger ones stay on the
-#: worker, whose reductions are single-threaded (REDUCE_THREADS) where the caller's may not be.
+#: is queued before it (no hand-off to the group's worker and back). Larger ones wake the
+#: worker at once, so an async one starts without waiting for the worker's next look.
 INLINE_RUN_BYTES = 64 << 10
 #: Such an operation that its caller has not waited for after this long (an ``async_op=True``
 #: one) is taken by the worker. The worker is not woken for it, only looks this often.

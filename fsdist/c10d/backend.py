@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from .. import collectives as coll
-from ..defaults import DEFAULT_TIMEOUT
+from ..defaults import DEFAULT_TIMEOUT, REDUCE_THREADS
 from ..errors import FsdistError
 from ..files.waiting import Deadline
 from ..job.generation import Generation
@@ -41,6 +41,7 @@ from .compat import unwrap_store
 from .debug import enabled as debug_enabled
 from .debug import log_op, tensor_bytes
 from .describe import describe, reduction_of
+from .intraop import limited
 from .sparse import all_reduce_sparse, is_sparse
 from .staging import Staging
 from .store import DirectoryStore
@@ -357,7 +358,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         work = FsdistWork(list(tensors), desc)
         start = time.perf_counter() if self._debug else 0.0
         try:
-            self._t.send(dst, hosts, tag, desc)
+            with limited(REDUCE_THREADS):  # its copy into a file, as the worker's (intraop.py)
+                self._t.send(dst, hosts, tag, desc)
         except BaseException as error:  # noqa: BLE001
             work.complete(error)
         else:

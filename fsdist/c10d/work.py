@@ -34,6 +34,7 @@ from ..defaults import (
 )
 from ..errors import FsdistError, FsdistTimeoutError, GroupBrokenError
 from ..transport.p2p import Mailbox, PendingReceive
+from .intraop import limit_this_thread, limited
 from .staging import Staging
 
 log = logging.getLogger(__name__)
@@ -231,7 +232,8 @@ class OpQueue:
                         self._start(head)
                         break
                     self._caller_cv.wait()  # the worker runs something (``_execute`` notifies)
-            self._execute(head)
+            with limited(REDUCE_THREADS):  # as on the worker (intraop.py)
+                self._execute(head)
 
     def _start(self, work: FsdistWork) -> None:
         """Claim the queue's head (the lock is held)."""
@@ -292,8 +294,7 @@ class OpQueue:
                     self._worker_cv.notify()  # only then can the worker have anything to do
 
     def _run(self) -> None:
-        if REDUCE_THREADS > 0:
-            torch.set_num_threads(REDUCE_THREADS)  # this thread's reductions only (see defaults)
+        limit_this_thread(REDUCE_THREADS)  # this thread only (intraop.py)
         while (work := self._next_for_worker()) is not None:
             self._execute(work)
 
@@ -353,7 +354,7 @@ class ReceiveLoop:
         try:
             sleep, next_health = 0.0, start + HEALTH_CHECK_SECONDS
             while not work.is_completed():
-                with self._matching:
+                with self._matching, limited(REDUCE_THREADS):
                     progressed = self._pass()
                 now = time.monotonic()
                 if work.is_completed() or now >= end:
@@ -427,6 +428,7 @@ class ReceiveLoop:
                 self._idle = False
 
     def _run(self) -> None:
+        limit_this_thread(REDUCE_THREADS)
         while self._next_turn():
             sleep, next_health = 0.0, time.monotonic() + HEALTH_CHECK_SECONDS
             while True:
