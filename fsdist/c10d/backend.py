@@ -42,11 +42,12 @@ from .debug import enabled as debug_enabled
 from .debug import log_op, tensor_bytes
 from .describe import describe, reduction_of
 from .intraop import limited
+from .receives import ReceiveLoop
 from .sparse import all_reduce_sparse, is_sparse
 from .staging import Staging
 from .store import DirectoryStore
 from .store_rendezvous import join_through_store, joined
-from .work import FsdistWork, OpQueue, ReceiveLoop, StagedWork
+from .work import FsdistWork, OpQueue, StagedWork
 
 log = logging.getLogger(__name__)
 

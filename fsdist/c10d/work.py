@@ -1,8 +1,9 @@
-"""Work objects and the threads that run operations in issue order.
+"""Work objects and the queue that runs a group's operations in issue order.
 
 Collectives of a group run one at a time on one FIFO worker thread, in the order the caller
-issued them (sequence numbers are assigned in the calling thread). Receives are matched by a
-separate thread so that a posted ``irecv`` never blocks later collectives or sends (as in Gloo).
+issued them (sequence numbers are assigned in the calling thread), or on the caller's thread
+when it waits for one nobody has started. Receives are matched apart (receives.py), so that a
+posted ``irecv`` never blocks later collectives or sends (as in Gloo).
 
 ``dist.Work`` is subclassed rather than built from a future: an error set on a Python future is
 not seen by C++ (see TORCH_API.md), so ``wait()`` raises the stored error itself and
@@ -18,34 +19,32 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from ..defaults import (
-    FIRST_SLEEP_SECONDS,
-    HANDOFF_SECONDS,
-    HEALTH_CHECK_SECONDS,
-    INLINE_RUN_BYTES,
-    MAX_SLEEP_SECONDS,
-    REDUCE_THREADS,
-    RING_SPIN_SECONDS,
-)
-from ..errors import FsdistError, FsdistTimeoutError, GroupBrokenError
-from ..transport.p2p import Mailbox, PendingReceive
+from ..defaults import HANDOFF_SECONDS, INLINE_RUN_BYTES, REDUCE_THREADS
+from ..errors import FsdistTimeoutError, GroupBrokenError
 from .intraop import limit_this_thread, limited
 from .staging import Staging
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FsdistWork", "OpQueue", "ReceiveLoop", "StagedWork"]
+__all__ = ["IDLE_AFTER_SECONDS", "MAX_TICK_SECONDS", "FsdistWork", "OpQueue", "StagedWork"]
 
-_IDLE_AFTER_SECONDS = 0.1  # the worker stops looking for unclaimed operations after this long without one
+IDLE_AFTER_SECONDS = 0.1  # the worker stops looking for unclaimed operations after this long without one
 #: While its looks find nothing to do, the worker looks half as often, down to this: an async
 #: small operation its caller never waits for then starts within 10 ms (within 1 ms again once
 #: the worker found one).
-_MAX_TICK_SECONDS = 10e-3
+MAX_TICK_SECONDS = 10e-3
+
+
+class _Runner(Protocol):
+    """Whoever else may run an operation (OpQueue, receives.ReceiveLoop): its caller's ``wait``
+    runs it in place through this."""
+
+    def run_in_caller(self, work: FsdistWork, seconds: float | None = None) -> None: ...
 
 
 class _Failed:
@@ -71,7 +70,7 @@ class FsdistWork(dist.Work):
         self._future_handed_out = False
         #: set by OpQueue.submit: the operation to run, and the queue whose caller may run it
         self._run: Callable[[], None] | None = None
-        self._runner: OpQueue | ReceiveLoop | None = None  # set when its caller may run it
+        self._runner: _Runner | None = None  # set when its caller may run it
         self._claim_after = 0.0  # when the worker may take it (monotonic seconds)
         self._claimed = False
         #: the name of the thread that ran the operation (the caller's or the group worker's)
@@ -178,9 +177,9 @@ class OpQueue:
     Nor is the worker woken for such an operation: waking a thread costs the caller a context
     switch and a GIL hand-off (2 ranks, 8-byte all_reduce: 180 -> 105 µs per op without them).
     While operations keep coming the worker instead looks now and then (every ``HANDOFF_SECONDS``,
-    backing off to ``_MAX_TICK_SECONDS`` while it finds nothing) for one that nobody claimed for
+    backing off to ``MAX_TICK_SECONDS`` while it finds nothing) for one that nobody claimed for
     ``HANDOFF_SECONDS`` (an async operation its caller has not waited for) and runs it; after
-    ``_IDLE_AFTER_SECONDS`` without a submission it sleeps until woken. A large operation wakes
+    ``IDLE_AFTER_SECONDS`` without a submission it sleeps until woken. A large operation wakes
     it at once.
 
     After an operation fails the group is broken: the error is reported on every later
@@ -256,10 +255,10 @@ class OpQueue:
                     timeout = head._claim_after - now
                 elif self._closing and not self._running:
                     return None
-                elif self._running or now - self._last_submit < _IDLE_AFTER_SECONDS:
+                elif self._running or now - self._last_submit < IDLE_AFTER_SECONDS:
                     # look again for a submission nobody waits for, less often while every
                     # look finds the callers ran their operations themselves
-                    timeout, self._tick = self._tick, min(self._tick * 2, _MAX_TICK_SECONDS)
+                    timeout, self._tick = self._tick, min(self._tick * 2, MAX_TICK_SECONDS)
                 else:
                     timeout = None
                 self._worker_idle = timeout is None
@@ -304,167 +303,6 @@ class OpQueue:
             self._closing = True
             self._worker_cv.notify()
         self._thread.join()
-
-
-class ReceiveLoop:
-    """Matches posted receives against arrived messages, in posting order.
-
-    As with OpQueue's small operations, a caller that waits for its receive matches in its own
-    thread (the message has usually arrived; a hand-off to a thread and back costs two
-    wake-ups), and the loop's thread, not woken per receive, looks every ``HANDOFF_SECONDS``
-    while receives are posted for those nobody waits for (an ``irecv`` tested with
-    ``is_completed()``, a future's callback). One matcher at a time, so a pass sees one
-    snapshot of arrived messages (Mailbox.begin_pass); the thread stays away while a caller
-    matches.
-    """
-
-    def __init__(
-        self, name: str, mailbox: Mailbox, health_check: Callable[[], None], handoff: float = HANDOFF_SECONDS
-    ) -> None:
-        self._mailbox = mailbox
-        self._health_check = health_check
-        self._handoff = handoff
-        self._pending: list[tuple[FsdistWork, PendingReceive]] = []
-        self._cond = threading.Condition()
-        self._matching = threading.Lock()
-        self._callers = 0  # callers matching in their own thread now
-        self._idle = False  # the thread sleeps without a timeout: a post must wake it
-        self._last_post = 0.0
-        self._tick = handoff
-        self._closing = False
-        self._thread = threading.Thread(target=self._run, name=f"fsdist-recv-{name}", daemon=True)
-        self._thread.start()
-
-    def post(self, work: FsdistWork, receive: PendingReceive) -> FsdistWork:
-        work._runner = self
-        work._claim_after = time.monotonic() + self._handoff
-        with self._cond:
-            self._pending.append((work, receive))
-            self._last_post = work._claim_after - self._handoff
-            if self._idle:
-                self._cond.notify()
-        return work
-
-    def run_in_caller(self, work: FsdistWork, seconds: float | None = None) -> None:
-        """Called by ``work.wait()``: match receives here until ``work`` completes (or ``seconds`` pass)."""
-        start = time.monotonic()
-        end = float("inf") if seconds is None else start + seconds
-        with self._cond:
-            self._callers += 1
-        try:
-            sleep, next_health = 0.0, start + HEALTH_CHECK_SECONDS
-            while not work.is_completed():
-                with self._matching, limited(REDUCE_THREADS):
-                    progressed = self._pass()
-                now = time.monotonic()
-                if work.is_completed() or now >= end:
-                    return
-                if progressed:
-                    sleep = 0.0
-                    continue
-                if now >= next_health:
-                    next_health = now + HEALTH_CHECK_SECONDS
-                    if not self._healthy():
-                        return
-                if now - start < RING_SPIN_SECONDS and self._mailbox.spin(start + RING_SPIN_SECONDS - now):
-                    continue  # rung while spinning: match at once
-                sleep = min(max(sleep * 2, FIRST_SLEEP_SECONDS), MAX_SLEEP_SECONDS, end - now)
-                self._mailbox.sleep(sleep)
-        finally:
-            with self._cond:
-                self._callers -= 1
-                if self._pending:
-                    self._cond.notify()  # receives nobody waits for now: the thread takes them on
-
-    def _pass(self) -> bool:
-        """Try every pending receive once, in posting order; True if any completed (lock held)."""
-        with self._cond:
-            pending = list(self._pending)
-        if not pending:
-            return False
-        self._mailbox.begin_pass()
-        progressed = False
-        for work, receive in pending:
-            try:
-                if not self._mailbox.try_receive(receive):
-                    continue
-                error = None
-            except BaseException as exc:  # noqa: BLE001 - reported to the waiter
-                error = exc
-            with self._cond:
-                self._pending = [item for item in self._pending if item[0] is not work]
-            work.complete(error, receive.matched_source)
-            progressed = True
-        return progressed
-
-    def _healthy(self) -> bool:
-        try:
-            self._health_check()
-        except BaseException as exc:  # noqa: BLE001 - every pending receive fails with it
-            self._fail_all(exc)
-            return False
-        return True
-
-    def _next_turn(self) -> bool:
-        """Sleep until some receive has waited ``handoff`` with no caller matching; False: closing."""
-        with self._cond:
-            while True:
-                now = time.monotonic()
-                timeout: float | None
-                if self._closing:
-                    return False
-                if self._pending and not self._callers:
-                    oldest = self._pending[0][0]._claim_after
-                    if oldest <= now:
-                        self._tick = self._handoff
-                        return True
-                    timeout = oldest - now
-                elif self._callers or now - self._last_post < _IDLE_AFTER_SECONDS:
-                    timeout, self._tick = self._tick, min(self._tick * 2, _MAX_TICK_SECONDS)  # as OpQueue's
-                else:
-                    timeout = None
-                self._idle = timeout is None
-                self._cond.wait(timeout)
-                self._idle = False
-
-    def _run(self) -> None:
-        limit_this_thread(REDUCE_THREADS)
-        while self._next_turn():
-            sleep, next_health = 0.0, time.monotonic() + HEALTH_CHECK_SECONDS
-            while True:
-                with self._cond:
-                    if self._callers or not self._pending or self._closing:
-                        break  # a caller matches now, or nothing is left
-                with self._matching:
-                    progressed = self._pass()
-                if progressed:
-                    sleep = 0.0
-                    continue
-                now = time.monotonic()
-                if now >= next_health:
-                    next_health = now + HEALTH_CHECK_SECONDS
-                    self._healthy()
-                sleep = min(max(sleep * 2, FIRST_SLEEP_SECONDS), MAX_SLEEP_SECONDS)
-                self._mailbox.sleep(sleep)
-
-    def _fail_all(self, error: BaseException) -> None:
-        with self._cond:
-            pending, self._pending = self._pending, []
-        for work, _ in pending:
-            work.complete(error)
-
-    def close(self) -> None:
-        """Stop matching: receives still pending now can never complete, so they fail."""
-        with self._cond:
-            self._closing = True
-            pending, self._pending = self._pending, []
-            self._cond.notify()
-        for work, receive in pending:
-            where = "any rank" if receive.source is None else f"rank {receive.source}"
-            work.complete(FsdistError(f"recv from {where} (tag {receive.tag}) never matched: the group was shut down"))
-        self._thread.join(timeout=5)
-        if not self._thread.is_alive():
-            self._mailbox.close()
 
 
 class StagedWork(FsdistWork):

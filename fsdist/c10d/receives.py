@@ -1,0 +1,189 @@
+"""Matching a group's posted receives: on the caller's thread when it waits, else on the loop's.
+
+A thread of its own, apart from the group's operation queue (work.py), so that a posted
+``irecv`` never blocks later collectives or sends, and ``batch_isend_irecv`` with its receives
+first cannot deadlock (as in Gloo). p2p.Mailbox holds the matching rules; this decides who runs
+them, and when.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from ..defaults import (
+    FIRST_SLEEP_SECONDS,
+    HANDOFF_SECONDS,
+    HEALTH_CHECK_SECONDS,
+    MAX_SLEEP_SECONDS,
+    REDUCE_THREADS,
+    RING_SPIN_SECONDS,
+)
+from ..errors import FsdistError
+from ..transport.p2p import Mailbox, PendingReceive
+from .intraop import limit_this_thread, limited
+from .work import IDLE_AFTER_SECONDS, MAX_TICK_SECONDS, FsdistWork
+
+__all__ = ["ReceiveLoop"]
+
+
+class ReceiveLoop:
+    """Matches posted receives against arrived messages, in posting order.
+
+    As with OpQueue's small operations, a caller that waits for its receive matches in its own
+    thread (the message has usually arrived; a hand-off to a thread and back costs two
+    wake-ups), and the loop's thread, not woken per receive, looks every ``HANDOFF_SECONDS``
+    while receives are posted for those nobody waits for (an ``irecv`` tested with
+    ``is_completed()``, a future's callback). One matcher at a time, so a pass sees one
+    snapshot of arrived messages (Mailbox.begin_pass); the thread stays away while a caller
+    matches.
+    """
+
+    def __init__(
+        self, name: str, mailbox: Mailbox, health_check: Callable[[], None], handoff: float = HANDOFF_SECONDS
+    ) -> None:
+        self._mailbox = mailbox
+        self._health_check = health_check
+        self._handoff = handoff
+        self._pending: list[tuple[FsdistWork, PendingReceive]] = []
+        self._cond = threading.Condition()
+        self._matching = threading.Lock()
+        self._callers = 0  # callers matching in their own thread now
+        self._idle = False  # the thread sleeps without a timeout: a post must wake it
+        self._last_post = 0.0
+        self._tick = handoff
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name=f"fsdist-recv-{name}", daemon=True)
+        self._thread.start()
+
+    def post(self, work: FsdistWork, receive: PendingReceive) -> FsdistWork:
+        work._runner = self
+        work._claim_after = time.monotonic() + self._handoff
+        with self._cond:
+            self._pending.append((work, receive))
+            self._last_post = work._claim_after - self._handoff
+            if self._idle:
+                self._cond.notify()
+        return work
+
+    def run_in_caller(self, work: FsdistWork, seconds: float | None = None) -> None:
+        """Called by ``work.wait()``: match receives here until ``work`` completes (or ``seconds`` pass)."""
+        start = time.monotonic()
+        end = float("inf") if seconds is None else start + seconds
+        with self._cond:
+            self._callers += 1
+        try:
+            sleep, next_health = 0.0, start + HEALTH_CHECK_SECONDS
+            while not work.is_completed():
+                with self._matching, limited(REDUCE_THREADS):
+                    progressed = self._pass()
+                now = time.monotonic()
+                if work.is_completed() or now >= end:
+                    return
+                if progressed:
+                    sleep = 0.0
+                    continue
+                if now >= next_health:
+                    next_health = now + HEALTH_CHECK_SECONDS
+                    if not self._healthy():
+                        return
+                if now - start < RING_SPIN_SECONDS and self._mailbox.spin(start + RING_SPIN_SECONDS - now):
+                    continue  # rung while spinning: match at once
+                sleep = min(max(sleep * 2, FIRST_SLEEP_SECONDS), MAX_SLEEP_SECONDS, end - now)
+                self._mailbox.sleep(sleep)
+        finally:
+            with self._cond:
+                self._callers -= 1
+                if self._pending:
+                    self._cond.notify()  # receives nobody waits for now: the thread takes them on
+
+    def _pass(self) -> bool:
+        """Try every pending receive once, in posting order; True if any completed (lock held)."""
+        with self._cond:
+            pending = list(self._pending)
+        if not pending:
+            return False
+        self._mailbox.begin_pass()
+        progressed = False
+        for work, receive in pending:
+            try:
+                if not self._mailbox.try_receive(receive):
+                    continue
+                error = None
+            except BaseException as exc:  # noqa: BLE001 - reported to the waiter
+                error = exc
+            with self._cond:
+                self._pending = [item for item in self._pending if item[0] is not work]
+            work.complete(error, receive.matched_source)
+            progressed = True
+        return progressed
+
+    def _healthy(self) -> bool:
+        try:
+            self._health_check()
+        except BaseException as exc:  # noqa: BLE001 - every pending receive fails with it
+            self._fail_all(exc)
+            return False
+        return True
+
+    def _next_turn(self) -> bool:
+        """Sleep until some receive has waited ``handoff`` with no caller matching; False: closing."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                timeout: float | None
+                if self._closing:
+                    return False
+                if self._pending and not self._callers:
+                    oldest = self._pending[0][0]._claim_after
+                    if oldest <= now:
+                        self._tick = self._handoff
+                        return True
+                    timeout = oldest - now
+                elif self._callers or now - self._last_post < IDLE_AFTER_SECONDS:
+                    timeout, self._tick = self._tick, min(self._tick * 2, MAX_TICK_SECONDS)  # as OpQueue's
+                else:
+                    timeout = None
+                self._idle = timeout is None
+                self._cond.wait(timeout)
+                self._idle = False
+
+    def _run(self) -> None:
+        limit_this_thread(REDUCE_THREADS)
+        while self._next_turn():
+            sleep, next_health = 0.0, time.monotonic() + HEALTH_CHECK_SECONDS
+            while True:
+                with self._cond:
+                    if self._callers or not self._pending or self._closing:
+                        break  # a caller matches now, or nothing is left
+                with self._matching:
+                    progressed = self._pass()
+                if progressed:
+                    sleep = 0.0
+                    continue
+                now = time.monotonic()
+                if now >= next_health:
+                    next_health = now + HEALTH_CHECK_SECONDS
+                    self._healthy()
+                sleep = min(max(sleep * 2, FIRST_SLEEP_SECONDS), MAX_SLEEP_SECONDS)
+                self._mailbox.sleep(sleep)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cond:
+            pending, self._pending = self._pending, []
+        for work, _ in pending:
+            work.complete(error)
+
+    def close(self) -> None:
+        """Stop matching: receives still pending now can never complete, so they fail."""
+        with self._cond:
+            self._closing = True
+            pending, self._pending = self._pending, []
+            self._cond.notify()
+        for work, receive in pending:
+            where = "any rank" if receive.source is None else f"rank {receive.source}"
+            work.complete(FsdistError(f"recv from {where} (tag {receive.tag}) never matched: the group was shut down"))
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._mailbox.close()
