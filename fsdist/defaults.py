@@ -63,8 +63,8 @@ GC_EVERY = 8
 #: A rank that never waits (a broadcast root, a reduce non-root) stops this many operations
 #: ahead of its slowest peer until that peer catches up: its unread files stay bounded.
 RUN_AHEAD = 64
-#: ...or sooner, once its uncollected messages hold this many bytes (large messages: fewer
-#: files alive at once, so the few retired files kept for reuse are enough).
+#: ...and before a file that would take its uncollected files past this many bytes it waits
+#: for readers to finish earlier operations' files (transport/retention.py ``make_room``).
 GC_BYTES = 32 << 20
 #: Reusing retired message files (local filesystems only; FSDIST_REUSE_FILES=0 turns it off,
 #: =1 forces it on): at most this many per rank and group, for messages of at least this size

@@ -383,6 +383,32 @@ def run_ahead_is_bounded() -> list[int]:
     return [most, RUN_AHEAD + 1]
 
 
+def large_run_ahead_is_bounded_in_bytes() -> list[int]:
+    """Rank 0 broadcasts 40 × 4 MiB without waiting; the others start late. Before a file that
+    would take its unread files past GC_BYTES it waits for readers (Retention.make_room), so it
+    holds at most GC_BYTES / 4 MiB + 1 of them (RUN_AHEAD alone would let all 40 pile up)."""
+    import glob
+    import os
+    import time
+
+    from fsdist.defaults import GC_BYTES
+
+    rank = dist.get_rank()
+    numel = (4 << 20) // 4
+    if rank != 0:
+        time.sleep(1.0)
+    most = 0
+    for i in range(40):
+        t = torch.full((numel,), float(i)) if rank == 0 else torch.zeros(numel)
+        dist.broadcast(t, 0)
+        assert t[0].item() == i and t[-1].item() == i
+        if rank == 0:
+            group_dir = glob.glob(os.path.join(os.environ["FSDIST_TEST_DIR"], "gen-*", "groups", "*"))
+            most = max(most, sum(len(glob.glob(os.path.join(d, "m*.r0"))) for d in group_dir))
+    dist.barrier()
+    return [most, GC_BYTES // (4 << 20) + 1]
+
+
 def direct_process_group_calls() -> Result:
     """Calling the process group object with pybind's other overloads, as torch's own tests and
     some frameworks do: ``pg.allreduce(t)``, ``pg.broadcast(t, root)``, ``pg.gather(outs, t, root)``."""

@@ -82,6 +82,14 @@ def test_a_rank_that_never_waits_runs_only_a_bounded_way_ahead(pool_factory) -> 
     assert 0 < most <= bound, f"rank 0 kept {most} unread broadcast files (bound {bound})"
 
 
+def test_a_root_publishing_large_messages_ahead_of_its_readers_holds_few_files(pool_factory) -> None:
+    pool = pool_factory(2)
+    results = pool.run_each(cases.large_run_ahead_is_bounded_in_bytes, [()] * 2)
+    most, bound = results[0]
+    print(f"rank 0 kept at most {most} unread 4 MiB broadcast files (bound {bound})")
+    assert 0 < most <= bound, f"rank 0 kept {most} unread 4 MiB broadcast files (bound {bound})"
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_async_ops_progress_while_the_caller_blocks_elsewhere(pool_factory, world: int) -> None:
     for on_caller, large in pool_factory(world).run(cases.async_ops_progress_while_the_caller_blocks_elsewhere):

@@ -84,6 +84,7 @@ class GroupTransport:
                 return
         buffers = message.encode(seq, tag, description, tensors)
         size = sum(len(b) for b in buffers)
+        self.retention.make_room(size)
         path, spare = self.retention.write(layout.message_name(self.rank, seq, step), buffers, size)
         self.retention.keep(seq, step, path, size, spare, readers)
         self.progress.advance(step, readers)

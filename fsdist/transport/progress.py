@@ -232,6 +232,8 @@ class Progress:
 
         if self._unwritten:  # about to wait: peers must see what this rank is in first
             if arrived():
+                if self.peer_seq[peer] > self.seq:
+                    self._tell_ahead(peer)
                 return
             self._write()
         if not self.bell.reaches(peer):  # another host: its steps are found by polling alone
@@ -266,6 +268,17 @@ class Progress:
             spin=0.0,
             first_pause=LONG_SLEEP_SECONDS,  # the ring ends the sleep; the timeout is the safety net
         )
+
+    def _tell_ahead(self, peer: int) -> None:
+        """Write this rank's position for ``peer``, found in a later operation already.
+
+        A rank whose waits all end at once (a broadcast reader behind its root) would otherwise
+        never write its record: the peer could not learn that its messages were read, so it
+        kept them (no spare to reuse, no inline slot free, files piling up) until its run-ahead
+        bound stopped it, and may be waiting for that now (Retention.make_room): rung too.
+        """
+        self._write()
+        self.bell.ring([peer])
 
     def _spins_for(self, peer: int) -> bool:
         """Whether to busy-wait for ``peer``'s ring: it rings, and cores allow (``cores_to_spin``)."""

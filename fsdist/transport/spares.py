@@ -132,6 +132,11 @@ class SparePool:
         """Whether a retired file of ``size`` bytes would be kept (worth collecting early)."""
         return self.enabled and size >= self._min_bytes and len(self._free) < self._max_files
 
+    def free(self) -> int:
+        """How many spares are free now."""
+        with self._lock:
+            return len(self._free)
+
     def take(self, size: int) -> SpareFile | None:
         """A spare for a message of ``size`` bytes: the smallest that fits, else the largest."""
         if not self.enabled or size < self._min_bytes:
