@@ -109,10 +109,11 @@ FILE_MODE = 0o660 if _GROUP else 0o600
 #: opening and later unlinking a file. Set to ``0`` to send every message as a file (to compare).
 ENV_INLINE = "FSDIST_INLINE"
 INLINE = os.environ.get(ENV_INLINE, "1") != "0"
-#: A synchronous operation of at most this many bytes runs on its caller's thread when nothing
-#: is queued before it (no hand-off to the group's worker and back). Larger ones wake the
-#: worker at once, so an async one starts without waiting for the worker's next look.
-INLINE_RUN_BYTES = 64 << 10
+#: A synchronous operation of at most this many bytes (inputs and outputs) runs on its caller's
+#: thread when nothing is queued before it (no hand-off to the group's worker and back: two
+#: thread wake-ups, 2 ranks, 64 KiB all_reduce 400 -> 195 µs). Larger ones wake the worker at
+#: once, so an async one starts without waiting for the worker's next look.
+INLINE_RUN_BYTES = 1 << 20
 #: Such an operation that its caller has not waited for after this long (an ``async_op=True``
 #: one) is taken by the worker. The worker is not woken for it, only looks this often.
 HANDOFF_SECONDS = 1e-3

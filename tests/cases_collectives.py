@@ -572,7 +572,9 @@ def async_ops_progress_while_the_caller_blocks_elsewhere() -> list[str]:
         work = pg.allreduce([torch.ones(2)])
         work.wait()
         ran.append(work.ran_on)
-    large = pg.allreduce([torch.ones(1 << 18)])
+    from fsdist.defaults import INLINE_RUN_BYTES
+
+    large = pg.allreduce([torch.ones(INLINE_RUN_BYTES // 4 + 1)])  # past what a caller runs itself
     large.wait()
     small[0].wait()
     dist.barrier()

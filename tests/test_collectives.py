@@ -94,7 +94,7 @@ def test_a_root_publishing_large_messages_ahead_of_its_readers_holds_few_files(p
 def test_async_ops_progress_while_the_caller_blocks_elsewhere(pool_factory, world: int) -> None:
     for on_caller, large in pool_factory(world).run(cases.async_ops_progress_while_the_caller_blocks_elsewhere):
         assert int(on_caller.split()[0]) >= 15, on_caller  # the caller claims it before it lets go of the GIL
-        assert large.startswith("fsdist-"), large  # 1 MiB: the worker's single-threaded reductions
+        assert large.startswith("fsdist-"), large  # past INLINE_RUN_BYTES: the worker, woken at once
 
 
 @pytest.mark.parametrize("world", [2, 3])
