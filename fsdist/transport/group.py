@@ -145,6 +145,9 @@ class GroupTransport:
     def spin_for_sends(self, seconds: float) -> bool:
         return self.pairs.spin_for_sends(seconds)
 
+    def sends_ring(self) -> bool:
+        return self.pairs.sends_ring()
+
     # ---- health, for the adapter's receive loop and tools ---------------------------------
 
     def peer_state(self, peer: int) -> PeerState:

@@ -52,6 +52,10 @@ class Mailbox:
         """Pause between passes; a peer's send ends the pause early (its doorbell)."""
         self._t.wait_for_sends(seconds)
 
+    def sends_ring(self) -> bool:
+        """Whether every peer's send ends a ``sleep`` at once (so a sleep may be long)."""
+        return self._t.sends_ring()
+
     def spin(self, seconds: float) -> bool:
         """Busy-wait up to ``seconds`` for a send's ring where cores allow; True if one came."""
         return self._t.spin_for_sends(seconds)

@@ -54,6 +54,7 @@ class Pairs:
         # receives are matched on their own thread: a bell of their own, so neither waiter
         # swallows the other's wake-up
         self._bell = Doorbell([layout.p2p_doorbell_file(self.directory, r) for r in range(size)], progress.rank)
+        self._all_ring = False  # every peer found on this host (asked again until it is)
 
     def send(self, dst: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> int:
         """Publish a message to ``dst`` (buffered: never waits for the receiver). Returns its index."""
@@ -132,6 +133,11 @@ class Pairs:
 
     def spin_for_sends(self, seconds: float) -> bool:
         return self._progress.cores_to_spin() and self._bell.spin(seconds)
+
+    def sends_ring(self) -> bool:
+        if not self._all_ring:
+            self._all_ring = all(self._bell.reaches(p) for p in self._progress.others)
+        return self._all_ring
 
     def close(self) -> None:
         self._bell.close()
