@@ -85,7 +85,9 @@ class Retention:
             reader = next(r for r in oldest.readers_among(progress.others) if not oldest.done_for(progress, r))
             return progress.timed_out(reader, f"a position past operation #{oldest.seq} (this rank's message unread)")
 
-        poll(room, progress.deadline(), timed_out, lambda: progress.check_health(None), progress.bell.wait)
+        # no spinning: each attempt reads the readers' records (on NFS, round trips), and a
+        # reader that moves on while this rank waits in a later operation rings it
+        poll(room, progress.deadline(), timed_out, lambda: progress.check_health(None), progress.bell.wait, spin=0.0)
 
     def write(self, name: str, buffers: Sequence[memoryview | bytes], size: int) -> tuple[str, SpareFile | None]:
         """Publish ``name`` through a spare where one is kept, else as a fresh file."""
