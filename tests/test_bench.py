@@ -53,7 +53,7 @@ def test_bench_against_gloo_verifies_prints_the_table_writes_csv_json_and_cleans
     assert "fs_calls_per_op" in (tmp_path / "result.csv").read_text().splitlines()[0]
 
 
-def test_fs_call_counting_sees_every_kind_and_tells_doorbells_apart(tmp_path) -> None:
+def test_fs_call_counting_sees_every_kind_and_tells_doorbells_and_proc_apart(tmp_path) -> None:
     import fcntl
     import mmap
 
@@ -76,8 +76,11 @@ def test_fs_call_counting_sees_every_kind_and_tells_doorbells_apart(tmp_path) ->
         os.write(bell, b"!")
         os.read(bell, 1)
         os.close(bell)
-    assert counts == {"open": 2, "lock": 1, "stat": 1, "write": 1, "read": 1, "mmap": 1, "close": 2,
-                      "rename": 1, "unlink": 1, "ring": 2}, counts  # fmt: skip
+        loadavg = os.open("/proc/loadavg", os.O_RDONLY)  # a waiter's run-queue check: not a filesystem's
+        os.pread(loadavg, 128, 0)
+        os.close(loadavg)
+    assert counts == {"open": 3, "lock": 1, "stat": 1, "write": 1, "read": 1, "mmap": 1, "close": 3,
+                      "rename": 1, "unlink": 1, "ring": 2, "proc": 1}, counts  # fmt: skip
     assert (os.open, os.close, fcntl.fcntl, mmap.mmap) == real, "the real functions are back"
     with fscalls.counting() as again:
         os.stat(tmp_path)

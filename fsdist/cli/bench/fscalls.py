@@ -10,7 +10,8 @@ Gloo makes its calls from C++ and is not seen: its column shows what Python did 
 Kinds, in the order the report shows them: ``lock`` (fcntl locks and unlocks), ``open``,
 ``close``, ``rename``, ``unlink``, ``stat``, ``read``, ``write``, ``mmap``, ``dir`` (mkdir,
 rmdir, listing, link), ``ring`` (a byte written to or drained from a doorbell FIFO) and
-``wait`` (select on a doorbell FIFO): the last two never leave the machine.
+``wait`` (select on a doorbell FIFO) and ``proc`` (a read of ``/proc``: the run queue a waiter
+checks before it spins): the last three never leave the machine.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 __all__ = ["KINDS", "REMOTE_KINDS", "counting"]
 
-KINDS = ("lock", "open", "close", "rename", "unlink", "stat", "read", "write", "mmap", "dir", "ring", "wait")
+KINDS = ("lock", "open", "close", "rename", "unlink", "stat", "read", "write", "mmap", "dir", "ring", "wait", "proc")
 #: what reaches a network filesystem's server (rings and waits stay on the machine)
 REMOTE_KINDS = KINDS[:10]
 
@@ -69,18 +70,30 @@ def counting() -> Iterator[Counter[str]]:
 
         return wrapper
 
-    fifos: dict[int, bool] = {}  # fd -> is a FIFO (forgotten when the fd is closed)
+    #: fd -> the kind its reads and writes count as where it stays on the machine ("ring": a
+    #: FIFO, "proc": a /proc file), else None (forgotten when the fd is closed)
+    local: dict[int, str | None] = {}
     real_fstat, real_close = os.fstat, os.close
+    try:
+        proc_device: int | None = os.stat("/proc").st_dev
+    except OSError:
+        proc_device = None
+
+    def local_kind(fd: int) -> str | None:
+        try:
+            status = real_fstat(fd)
+        except OSError:
+            return None
+        if stat.S_ISFIFO(status.st_mode):
+            return "ring"
+        return "proc" if status.st_dev == proc_device else None
 
     def data_counted(function: Callable[..., Any], kind: str) -> Callable[..., Any]:
         def wrapper(fd: int, *args: Any, **kwargs: Any) -> Any:
             with guard:
-                if fd not in fifos:
-                    try:
-                        fifos[fd] = stat.S_ISFIFO(real_fstat(fd).st_mode)
-                    except OSError:
-                        fifos[fd] = False
-                counts["ring" if fifos[fd] else kind] += 1
+                if fd not in local:
+                    local[fd] = local_kind(fd)
+                counts[local[fd] or kind] += 1
             return function(fd, *args, **kwargs)
 
         return wrapper
@@ -88,7 +101,7 @@ def counting() -> Iterator[Counter[str]]:
     def close_counted(fd: int) -> None:
         with guard:
             counts["close"] += 1
-            fifos.pop(fd, None)
+            local.pop(fd, None)
         real_close(fd)
 
     def fcntl_counted(function: Callable[..., Any]) -> Callable[..., Any]:

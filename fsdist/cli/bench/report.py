@@ -119,7 +119,7 @@ def table(rows: list[Row]) -> str:
         lines.append(" | ".join(parts))
     lines.append(
         "speedup = Gloo p50 / fsdist p50 (> 1: fsdist faster); busbw in GB/s; cpu/op per rank;"
-        " fs/op = filesystem calls per op per rank, measured (doorbells aside: they stay on the machine)"
+        " fs/op = filesystem calls per op per rank, measured (doorbells and /proc aside: they stay on the machine)"
     )
     return "\n".join(lines)
 
