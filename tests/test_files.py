@@ -289,12 +289,12 @@ def test_spare_pool_is_bounded_and_off_where_disabled(tmp_path) -> None:
 
 def test_a_waiter_spins_only_while_the_run_queue_leaves_a_core_free(tmp_path) -> None:
     """Progress.cores_to_spin's machine-wide half: runnable threads (the reader included) <= cores."""
-    from fsdist.transport.progress import _RunQueue
+    from fsdist.files.doorbell import RunQueue
 
     loadavg = tmp_path / "loadavg"
     for line, free in [("0.50 0.40 0.30 2/311 999\n", True), ("2.90 2.50 1.30 3/103 6883\n", False)]:
         loadavg.write_text(line)
-        assert _RunQueue(str(loadavg), cores=2).core_free() is free
+        assert RunQueue(str(loadavg), cores=2).core_free() is free
     loadavg.write_text("garbage")
-    assert _RunQueue(str(loadavg), cores=2).core_free() is True  # unknown: decided by rank count alone
-    assert _RunQueue(str(tmp_path / "missing"), cores=2).core_free() is True
+    assert RunQueue(str(loadavg), cores=2).core_free() is True  # unknown: decided by rank count alone
+    assert RunQueue(str(tmp_path / "missing"), cores=2).core_free() is True

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from ..defaults import FILE_MODE
 from .io import OPEN_FLAGS
 
-__all__ = ["Doorbell"]
+__all__ = ["RUN_QUEUE", "Doorbell", "RunQueue"]
 
 _RETRY_OPEN_SECONDS = 1.0  # a peer whose FIFO could not be opened (another host, not yet made)
 _RING = struct.Struct("<I")  # a ring: the ringer's rank
@@ -157,3 +157,29 @@ class Doorbell:
                 os.close(fd)
         self._fd = -1
         self._peers = [-1] * len(self._peers)
+
+
+class RunQueue:
+    """How many threads are runnable on this machine right now (Linux: ``/proc/loadavg``'s
+    fourth field, the reader included), read with one ``pread`` of a file kept open."""
+
+    def __init__(self, path: str = "/proc/loadavg", cores: int | None = None) -> None:
+        self._cores = cores or os.cpu_count() or 1
+        try:
+            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            self._fd = -1
+
+    def core_free(self) -> bool:
+        """Whether the runnable threads leave a core idle for a waiter to spin on (True where unknown)."""
+        if self._fd < 0:
+            return True
+        try:
+            runnable = int(os.pread(self._fd, 128, 0).split()[3].split(b"/")[0])
+        except (OSError, IndexError, ValueError):
+            return True
+        return runnable <= self._cores
+
+
+#: this machine's run queue, read by every waiter deciding whether to spin
+RUN_QUEUE = RunQueue()

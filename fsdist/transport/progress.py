@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from ..defaults import LONG_SLEEP_SECONDS, RING_SPIN_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
-from ..files.doorbell import Doorbell
+from ..files.doorbell import RUN_QUEUE, Doorbell
 from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
 from ..job.liveness import PeerWatch
@@ -32,31 +32,6 @@ __all__ = ["Progress"]
 
 _HISTORY = 4096  # own history hashes kept, to compare with peers that lag behind
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-class _RunQueue:
-    """How many threads are runnable on this machine right now (Linux: ``/proc/loadavg``'s
-    fourth field, the reader included), read with one ``pread`` of a file kept open."""
-
-    def __init__(self, path: str = "/proc/loadavg", cores: int | None = None) -> None:
-        self._cores = cores or os.cpu_count() or 1
-        try:
-            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            self._fd = -1
-
-    def core_free(self) -> bool:
-        """Whether the runnable threads leave a core idle for a waiter to spin on (True where unknown)."""
-        if self._fd < 0:
-            return True
-        try:
-            runnable = int(os.pread(self._fd, 128, 0).split()[3].split(b"/")[0])
-        except (OSError, IndexError, ValueError):
-            return True
-        return runnable <= self._cores
-
-
-_RUN_QUEUE = _RunQueue()
 
 
 class Progress:
@@ -292,7 +267,7 @@ class Progress:
         sleeping (Gloo 110)."""
         if self._local_ranks < self.size:
             self._local_ranks = self.bell.local_ranks()
-        return self._local_ranks <= _CORES and _RUN_QUEUE.core_free()
+        return self._local_ranks <= _CORES and RUN_QUEUE.core_free()
 
     def desync(self, peer: int, theirs: str) -> DesyncError:
         """The error of ``peer`` calling ``theirs`` where this rank calls this operation (and abort)."""
