@@ -579,3 +579,27 @@ def async_ops_progress_while_the_caller_blocks_elsewhere() -> list[str]:
     small[0].wait()
     dist.barrier()
     return [f"{sum(r == here for r in ran)} of 20 on the caller", large.ran_on]
+
+
+def polls_per_multi_part_operation() -> float:
+    """Polling waits per operation while reading a message of 8 parts: a rank that waited for
+    a peer's step once knows the step is there for the other 7 parts (each poll that finds the
+    step gone quiet sleeps up to 10 ms waiting for a ring that was already taken)."""
+    import fsdist.transport.progress as progress
+
+    polls = [0]
+    real_poll = progress.poll
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        polls[0] += 1
+        return real_poll(*args, **kwargs)
+
+    tensors = [torch.ones(3) for _ in range(8)]
+    dist.barrier()
+    progress.poll = counted
+    try:
+        for _ in range(20):
+            dist.all_reduce_coalesced(tensors)
+    finally:
+        progress.poll = real_poll
+    return polls[0] / 20

@@ -120,3 +120,8 @@ def test_direct_process_group_calls_in_every_pybind_form(pool_factory, world: in
 @pytest.mark.parametrize("world", WORLDS)
 def test_sparse_all_reduce_sum(pool_factory, world: int) -> None:
     _check(pool_factory(world).run(cases.sparse_all_reduce), same_on_all_ranks=True)
+
+
+def test_a_message_of_many_parts_is_waited_for_once(pool_factory) -> None:
+    for rank, polls in enumerate(pool_factory(2).run(cases.polls_per_multi_part_operation)):
+        assert polls <= 1.0, f"rank {rank}: {polls} polling waits per operation of 8 parts"

@@ -192,6 +192,10 @@ class Progress:
         Raises DesyncError if the peer is in the same operation doing something else.
         """
         want = (self.seq, step)
+        if self.peer_position[peer] >= want:  # seen there already (another part of its message)
+            if self._unwritten and self.peer_seq[peer] > self.seq:
+                self._tell_ahead(peer)
+            return
 
         def arrived() -> bool | None:
             state = self.peer_state(peer)
