@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from datetime import timedelta
 
 #: Environment variable naming the shared run directory (``init_method="fsdist://"``).
 ENV_DIR = "FSDIST_DIR"
+#: Collective algorithms of a group spread over nodes: ``hier`` (two tiers: node-local
+#: directories, and one leader per node in the shared one), ``flat`` (every rank in the shared
+#: directory), or ``auto`` (the default: hier where the group spans ≥ 2 nodes and some node
+#: holds ≥ 2 of its ranks).
+ENV_ALGO = "FSDIST_ALGO"
 #: Set to ``1`` for per-operation debug logs (``TORCH_DISTRIBUTED_DEBUG=DETAIL`` works too).
 ENV_DEBUG = "FSDIST_DEBUG"
 
@@ -16,6 +22,14 @@ ENV_ENV_INIT = "FSDIST_ENV_INIT"
 #: Where a job whose ranks all run on one machine keeps its files when the store c10d handed
 #: the backend names no shared directory (a TCPStore, a HashStore): default /dev/shm.
 ENV_LOCAL_DIR = "FSDIST_LOCAL_DIR"
+
+
+def local_dir() -> str:
+    """This node's directory for node-local files: FSDIST_LOCAL_DIR, else /dev/shm (memory),
+    else the temporary directory."""
+    return os.environ.get(ENV_LOCAL_DIR) or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+
+
 #: This rank's node (machine) identity; by default the kernel's boot id and pid namespace.
 #: Tests and containers that share a kernel set it to behave as separate machines.
 ENV_NODE_ID = "FSDIST_NODE_ID"

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..defaults import ENV_DIR, ENV_LOCAL_DIR, SHARED_DIR_GRACE_SECONDS
+from ..defaults import ENV_DIR, SHARED_DIR_GRACE_SECONDS, local_dir
 from ..errors import RendezvousError
 from ..files.io import make_private_dir, remove_tree
 from ..files.locks import LockedRecord
@@ -49,7 +49,7 @@ from ..files.waiting import Deadline, poll
 from ..fs import guard
 from ..job.claim import claim, confirm, withdraw
 from ..job.generation import Generation
-from ..job.liveness import Identity, is_alive, node_id, this_process
+from ..job.liveness import Identity, is_alive, this_process
 from ..protocol import layout
 from .compat import unwrap_store
 from .store import DirectoryStore
@@ -83,7 +83,7 @@ def join_through_store(
     if root and subdir:  # inside a directory the user named; beside one fsdist made for the job
         root, owns_root = (f"{root}.{subdir}" if owns_root else os.path.join(root, subdir)), True
     me = {
-        "format": _FORMAT, "world_size": world_size, "root": root or "", "node": node_id(),
+        "format": _FORMAT, "world_size": world_size, "root": root or "",
         **this_process().to_json(), "nonce": secrets.token_hex(8),
         **(guard.describe_client(root) if root else {}),
     }  # fmt: skip
@@ -280,7 +280,7 @@ def _confirm(ex: _Exchange, nonce: str, root: str | None, owns_root: bool) -> Ge
 
 def _local_root() -> str:
     """A fresh private directory on this machine for a job whose ranks all run here."""
-    base = os.environ.get(ENV_LOCAL_DIR) or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
+    base = local_dir()
     make_private_dir(base)
     prefix = f"fsdist-{os.getuid()}-"
     _sweep(base, prefix)

@@ -35,6 +35,8 @@ class Identity:
     pid: int
     start_time: int
     machine: str = ""
+    #: the node it counts as for placement (``node_id``): ranks of one node share memory
+    node: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -46,7 +48,13 @@ class Identity:
             pid=int(data["pid"]),
             start_time=int(data["start_time"]),
             machine=str(data.get("machine", "")),
+            node=str(data.get("node", "")),
         )
+
+    @property
+    def placement(self) -> str:
+        """The node this process counts as (its machine where no node was recorded)."""
+        return self.node or self.machine or self.host
 
 
 def hostname() -> str:
@@ -67,14 +75,15 @@ def machine_id() -> str:
 def node_id() -> str:
     """Which machine this rank counts as for placement: ``FSDIST_NODE_ID``, else ``machine_id()``.
 
-    Only placement decisions read it (may the job keep its files on this machine?); liveness
-    always uses the real machine id, so an override never makes a pid mean another process.
+    Only placement decisions read it (may the job keep its files on this machine? which ranks
+    meet in a node-local directory?); liveness always uses the real machine id, so an override
+    never makes a pid mean another process.
     """
     return os.environ.get(ENV_NODE_ID) or machine_id()
 
 
 def this_process() -> Identity:
-    return Identity(hostname(), os.getpid(), _start_time(os.getpid()) or 0, machine_id())
+    return Identity(hostname(), os.getpid(), _start_time(os.getpid()) or 0, machine_id(), node_id())
 
 
 def is_alive(who: Identity) -> bool | None:
@@ -131,8 +140,12 @@ class Heartbeat:
 class PeerWatch:
     """Decides whether a peer is dead: by its process on this machine, by heartbeat elsewhere."""
 
-    def __init__(self, members: Sequence[Identity], heartbeat_paths: Sequence[str]) -> None:
+    def __init__(
+        self, members: Sequence[Identity], heartbeat_paths: Sequence[str], names: Sequence[int] | None = None
+    ) -> None:
+        """``names``: what each member is called in errors (default: its index)."""
         self.members = list(members)
+        self._names = list(names) if names is not None else list(range(len(members)))
         self._paths = list(heartbeat_paths)
         self._counters: dict[int, Counter] = {}
         self._last: dict[int, tuple[int, float]] = {}
@@ -143,7 +156,7 @@ class PeerWatch:
         who = self.members[rank]
         alive = is_alive(who)
         if alive is False:
-            return f"rank {rank} (pid {who.pid} on {who.host}) died"
+            return f"rank {self._names[rank]} (pid {who.pid} on {who.host}) died"
         if alive is True:
             return None
         counter = self._counters.get(rank)
@@ -156,7 +169,7 @@ class PeerWatch:
             return None
         if now - last[1] > self.timeout:
             return (
-                f"rank {rank} (pid {who.pid} on {who.host}) stopped its heartbeat: no beat for "
+                f"rank {self._names[rank]} (pid {who.pid} on {who.host}) stopped its heartbeat: no beat for "
                 f"{now - last[1]:.1f} s (limit {self.timeout:.0f} s, {ENV_HEARTBEAT_TIMEOUT})"
             )
         return None

@@ -4,7 +4,7 @@ One JSON object, read and written only under an fcntl lock (job/ does the lockin
 
     {"format": 1, "generation": "<16 hex>", "world_size": N, "complete": bool,
      "members": {"<rank>": {"host": str, "pid": int, "start_time": int, "machine": str,
-                            "nonce": str, "client"?: str, "fs_hazard"?: str,
+                            "node": str, "nonce": str, "client"?: str, "fs_hazard"?: str,
                             "fs_local_hazard"?: str, "left"?: bool, "refused"?: str, ...}},
      "conflict"?: "<why every member must fail>"}
 
@@ -33,7 +33,7 @@ class CorruptRecordError(RendezvousError, ProtocolError):
 FORMAT = 1
 _GENERATION_ID = re.compile(r"[0-9a-f]{16}")
 _MEMBER_FIELDS = {"host": str, "pid": int, "start_time": int, "nonce": str}
-_OPTIONAL_FIELDS = {"machine": str, "left": bool, "refused": str, "client": str, "fs_hazard": str}
+_OPTIONAL_FIELDS = {"machine": str, "node": str, "left": bool, "refused": str, "client": str, "fs_hazard": str}
 
 
 def parse(raw: bytes) -> dict[str, Any]:

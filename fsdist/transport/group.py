@@ -36,13 +36,18 @@ __all__ = ["GroupTransport"]
 class GroupTransport:
     """Publishing and reading messages among the ranks of one group through its directory."""
 
-    def __init__(self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float) -> None:
+    def __init__(
+        self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float,
+        names: Sequence[int] | None = None, tier: str = "",
+    ) -> None:  # fmt: skip
+        """``names`` and ``tier``: for one tier of a two-tier group (Progress)."""
         make_private_dir(directory)
         self.directory = directory
         self.rank = rank
         self.size = size
         self.timeout = timeout
-        self.progress = Progress(directory, rank, size, watch, timeout)
+        self.progress = Progress(directory, rank, size, watch, timeout, names, tier)
+        self._entered = 0
         self.retention = Retention(self.progress)
         self.pairs = Pairs(self.progress, self.retention)
 
@@ -51,8 +56,9 @@ class GroupTransport:
     def enter(self, seq: int, description: str) -> None:
         """Announce that this rank started operation ``seq``, described by ``description``."""
         self.progress.enter(seq, description)
-        self.retention.collect_if_due(seq)
-        if seq % GC_EVERY == 0:
+        self._entered += 1  # a tier of a two-tier group sees only some of the group's operations
+        self.retention.collect_if_due(self._entered)
+        if self._entered % GC_EVERY == 0:
             reason = self.progress.abort_known()  # a rank that never waits must still hear of failures
             if reason is not None:
                 raise PeerFailedError(f"{self.progress.where()}: the group was aborted: {reason}")

@@ -37,10 +37,17 @@ _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
 class Progress:
     """This rank's position in a group's operations, and what its peers' records say of theirs."""
 
-    def __init__(self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float) -> None:
+    def __init__(
+        self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float,
+        names: Sequence[int] | None = None, tier: str = "",
+    ) -> None:  # fmt: skip
+        """``names``: each rank's number in the process group, where this is one tier of it
+        (errors name group ranks); ``tier``: which tier, for the same errors."""
         self.directory = directory
         self.rank = rank
         self.size = size
+        self.names = list(names) if names is not None else list(range(size))
+        self._tier = f" ({tier})" if tier else ""
         self.watch = watch
         self.timeout = timeout
         self.seq = 0
@@ -173,7 +180,7 @@ class Progress:
         if theirs is state_record.NOT_STARTED:
             return theirs
         if theirs.aborted:
-            reason = self.abort_reason() or f"rank {peer}'s record says it aborted the group"
+            reason = self.abort_reason() or f"rank {self.names[peer]}'s record says it aborted the group"
             raise PeerFailedError(f"{self.where()}: the group was aborted: {reason}")
         self._read_since_check = True
         seq = theirs.seq
@@ -205,7 +212,8 @@ class Progress:
                 return True
             if state.closed:
                 raise PeerFailedError(
-                    f"{self.where()}: rank {peer} closed the group while this rank waited for its step {step}"
+                    f"{self.where()}: rank {self.names[peer]} closed the group "
+                    f"while this rank waited for its step {step}"
                 )
             return None
 
@@ -277,15 +285,16 @@ class Progress:
         """The error of ``peer`` calling ``theirs`` where this rank calls this operation (and abort)."""
         error = DesyncError(
             f"{self.where()}: ranks disagree on operation #{self.seq}: "
-            f"rank {self.rank} called '{self.description}', rank {peer} called '{theirs}'"
+            f"rank {self.names[self.rank]} called '{self.description}', rank {self.names[peer]} called '{theirs}'"
         )
         self.abort(str(error))
         return error
 
     def _diverged(self, peer: int, seq: int, theirs: str) -> DesyncError:
         error = DesyncError(
-            f"{self.where()}: rank {peer} called different operations from this rank at or before "
-            f"operation #{seq} (this rank's #{seq} was '{self._history[seq][1]}', rank {peer}'s is '{theirs}'; "
+            f"{self.where()}: rank {self.names[peer]} called different operations from this rank at or before "
+            f"operation #{seq} (this rank's #{seq} was '{self._history[seq][1]}', "
+            f"rank {self.names[peer]}'s is '{theirs}'; "
             "every rank of a group must call the same collectives in the same order)"
         )
         self.abort(str(error))
@@ -335,15 +344,16 @@ class Progress:
     def timed_out(self, peer: int, what: str) -> FsdistTimeoutError:
         """The error of a wait for ``peer`` to publish ``what`` that ran out of time (c10d's words)."""
         state = self.peer_state(peer)
-        behind = [r for r in self.others if self.peer_state(r).seq < self.seq]
+        behind = [self.names[r] for r in self.others if self.peer_state(r).seq < self.seq]
         return FsdistTimeoutError(
-            f"{self.where()}: Timed out after {self.timeout:.1f} s waiting for rank {peer} to publish {what}; "
+            f"{self.where()}: Timed out after {self.timeout:.1f} s "
+            f"waiting for rank {self.names[peer]} to publish {what}; "
             f"its record {self.state_path(peer)} says it is at operation #{state.seq} step {state.step} "
             f"('{state.description}'); ranks that have not reached operation #{self.seq}: {behind}"
         )
 
     def where(self) -> str:
-        return f"rank {self.rank}, operation #{self.seq} '{self.description}'"
+        return f"rank {self.names[self.rank]}{self._tier}, operation #{self.seq} '{self.description}'"
 
     def state_path(self, rank: int) -> str:
         return layout.state_file(self.directory, rank)

@@ -116,9 +116,10 @@ class Retention:
         self._slot_in_use[slot] = True
         self._published.append(_Published(seq, step, readers, slot=slot))
 
-    def collect_if_due(self, seq: int) -> None:
-        """Collect every GC_EVERY operations, past GC_BYTES, or when a spare is in reach."""
-        if seq % GC_EVERY == 0 or self._bytes > GC_BYTES or self._spare_in_reach():
+    def collect_if_due(self, entered: int) -> None:
+        """Collect every GC_EVERY operations (``entered``: how many this group's transport has
+        seen), past GC_BYTES, or when a spare is in reach."""
+        if entered % GC_EVERY == 0 or self._bytes > GC_BYTES or self._spare_in_reach():
             self.collect()  # also compares peers' history hashes with this rank's
 
     def hold_back_if_ahead(self, seq: int) -> None:
