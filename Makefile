@@ -1,11 +1,15 @@
 # Everyday commands. `make demo` and `make test` are the README's two commands.
-.PHONY: demo test test-torch test-frameworks test-gluster test-nfs lint examples docs bench clean
+.PHONY: demo test test-scale test-torch test-frameworks test-gluster test-nfs lint examples docs bench clean
 
 demo:
 	scripts/demo.sh
 
 test:
 	scripts/test.sh
+
+# worlds of 8 and 16 ranks, flat and in two tiers on simulated nodes (tests/scale; ~2.5 min on 2 cores)
+test-scale:
+	FSDIST_SCALE=1 scripts/test.sh scale
 
 # torch's own distributed test suite, every test torch runs for Gloo (285, 91 run), on fsdist at
 # world sizes 2 and 3: 12-30 min each on 2 cores (`make test` runs 20 of them, ~2 min). Tables and

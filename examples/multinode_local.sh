@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Two "nodes" on one machine that share nothing but a directory: two launchers, one 4-rank job.
+# Each launcher's ranks get a node id and a node-local directory of their own, as on two machines:
+# their collectives run in two tiers (ranks of a node meet in its directory, leaders in the shared one).
 #   examples/multinode_local.sh [SCRIPT] [ARGS...]     (default: examples/train_ddp.py --steps 30)
 # On real machines run the same `fsdist run` line on each node with its own --node-rank and a
 # --dir on the shared filesystem. Both launchers exit non-zero if any rank fails.
@@ -8,9 +10,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-python3}
 [ $# -gt 0 ] || set -- "$here/train_ddp.py" --steps 30
 dir=$(mktemp -d "${TMPDIR:-/tmp}/fsdist-multinode-XXXXXX")
-trap 'rm -rf "$dir"' EXIT
+nodes=$(mktemp -d "${TMPDIR:-/tmp}/fsdist-multinode-local-XXXXXX")
+trap 'rm -rf "$dir" "$nodes"' EXIT
 for node in 0 1; do
-  "$python" -m fsdist run --nnodes 2 --node-rank "$node" --nproc-per-node 2 --dir "$dir" "$@" &
+  mkdir -m 700 "$nodes/node$node"
+  FSDIST_NODE_ID="node$node" FSDIST_LOCAL_DIR="$nodes/node$node" \
+    "$python" -m fsdist run --nnodes 2 --node-rank "$node" --nproc-per-node 2 --dir "$dir" "$@" &
   pids[node]=$!
 done
 status=0

@@ -21,6 +21,10 @@ from harness import Pools, RankPool
 # `make test-frameworks` runs it, setting FSDIST_FRAMEWORKS=1 (its conftest then fails the session
 # if a framework is missing). Left out here, it is never collected, so never silently skipped.
 collect_ignore = [] if os.environ.get("FSDIST_FRAMEWORKS") == "1" else ["frameworks"]
+# tests/scale runs worlds of 8 and 16 ranks (minutes on 2 cores): only `make test-scale`, which
+# sets FSDIST_SCALE=1, collects it.
+if os.environ.get("FSDIST_SCALE") != "1":
+    collect_ignore.append("scale")
 
 SUITE_TMP = tempfile.mkdtemp(prefix="fsdist-suite-")
 os.environ["TMPDIR"] = SUITE_TMP  # spawned ranks inherit it

@@ -46,11 +46,15 @@ class RankPool:
         mount_tmpfs_size: str | None = None,
         directories: list[str] | None = None,
         init_method: str = "fsdist",
+        nodes: tuple[int, ...] | None = None,
     ) -> None:
         """``mount_tmpfs_size`` (root only): run in a tmpfs of that size, to test a full disk.
         ``directories``: each rank's path to the (existing) run directory, e.g. the same folder
         through two mounts ("two nodes"); the first is the one checked and removed at the end.
-        ``init_method``: how the ranks form the group, one of INIT_METHODS."""
+        ``init_method``: how the ranks form the group, one of INIT_METHODS.
+        ``nodes``: simulated nodes, as ranks per node (``(3, 1)``: ranks 0–2 on node 0, rank 3 on
+        node 1): each node's ranks get its FSDIST_NODE_ID and a node-local directory of its own
+        (``.node<k>`` in the run directory), as on machines of their own."""
         if init_method not in INIT_METHODS:
             raise ValueError(f"init_method {init_method!r}: expected one of {sorted(INIT_METHODS)}")
         self.world_size = world_size
@@ -65,6 +69,17 @@ class RankPool:
             )
             self._mounted = True
         port = _free_port() if init_method == "tcp" else 0
+        rank_envs = [dict(env or {}) for _ in range(world_size)]
+        self.node_dirs: list[str] = []
+        if nodes is not None:
+            if sum(nodes) != world_size:
+                raise ValueError(f"nodes {nodes} do not hold {world_size} ranks")
+            node_of = [node for node, count in enumerate(nodes) for _ in range(count)]
+            self.node_dirs = [os.path.join(self.directory, f".node{node}") for node in range(len(nodes))]
+            for path in self.node_dirs:
+                os.mkdir(path, 0o700)
+            for rank, node in enumerate(node_of):
+                rank_envs[rank].update(FSDIST_NODE_ID=f"node{node}", FSDIST_TEST_NODE_DIR=self.node_dirs[node])
         ctx = mp.get_context("spawn")
         self._conns = []
         self.processes = []
@@ -72,7 +87,7 @@ class RankPool:
             parent, child = ctx.Pipe()
             proc = ctx.Process(
                 target=_rank_main,
-                args=(rank, world_size, paths[rank], child, init and init_method, env or {}, group_timeout, port),
+                args=(rank, world_size, paths[rank], child, init and init_method, rank_envs[rank], group_timeout, port),
                 daemon=True,
             )
             proc.start()
@@ -159,9 +174,11 @@ class RankPool:
             for proc in self.processes:
                 proc.join(10)
             remaining = sorted(os.listdir(self.directory))
+            remaining += [f"{os.path.basename(d)}/{n}" for d in self.node_dirs for n in sorted(os.listdir(d))]
         finally:
             self.kill()
-        leftovers = [n for n in remaining if n != "fsdist-rendezvous.json"]
+        node_dirs = {os.path.basename(d) for d in self.node_dirs}
+        leftovers = [n for n in remaining if n != "fsdist-rendezvous.json" and n not in node_dirs]
         if leftovers:
             raise AssertionError(f"destroy_process_group left files behind: {leftovers}")
         return remaining
@@ -214,7 +231,8 @@ def init_group(method: str, rank: int, world_size: int, directory: str, timeout:
     import fsdist  # noqa: F401 - registers the backend
 
     kwargs: dict[str, Any] = {"rank": rank, "world_size": world_size, "timeout": timedelta(seconds=timeout)}
-    os.environ["FSDIST_LOCAL_DIR"] = directory  # node-local run directories stay inside the test's
+    # node-local directories stay inside the test's (a simulated node's: its own)
+    os.environ["FSDIST_LOCAL_DIR"] = os.environ.get("FSDIST_TEST_NODE_DIR") or directory
     if method == "fsdist":
         dist.init_process_group("fsdist", init_method=f"fsdist://{directory}", **kwargs)
     elif method == "file":
@@ -275,14 +293,16 @@ class Pools:
     """Session-wide cache of one live pool per world size; broken pools are replaced."""
 
     def __init__(self) -> None:
-        self._pools: dict[tuple[int, str], RankPool] = {}
+        self._pools: dict[tuple[int, str, tuple[int, ...] | None], RankPool] = {}
 
-    def get(self, world_size: int, init_method: str = "fsdist") -> RankPool:
-        pool = self._pools.get((world_size, init_method))
+    def get(self, world_size: int, init_method: str = "fsdist", nodes: tuple[int, ...] | None = None) -> RankPool:
+        """The live pool of ``world_size`` ranks formed by ``init_method`` (on simulated ``nodes``)."""
+        key = (world_size, init_method, nodes)
+        pool = self._pools.get(key)
         if pool is None or pool.broken:
             if pool is not None:
                 pool.close()  # a broken pool: kill what is left and remove its directory
-            pool = self._pools[world_size, init_method] = RankPool(world_size, init_method=init_method)
+            pool = self._pools[key] = RankPool(world_size, init_method=init_method, nodes=nodes)
         return pool
 
     def close_all(self) -> None:

@@ -27,14 +27,17 @@ import torch
 import torch.distributed as dist
 
 from .. import collectives as coll
-from ..defaults import DEFAULT_TIMEOUT, REDUCE_THREADS
+from ..collectives import hierarchical as hier
+from ..defaults import DEFAULT_TIMEOUT, ENV_ALGO, REDUCE_THREADS, local_dir
 from ..errors import FsdistError
 from ..files.waiting import Deadline
 from ..job.generation import Generation
 from ..job.liveness import Heartbeat, PeerWatch
+from ..job.nodes import Nodes
 from ..protocol import layout
 from ..transport.group import GroupTransport
 from ..transport.p2p import Mailbox, PendingReceive
+from ..transport.tiers import NodeTiers
 from . import call_forms as forms
 from . import checks
 from .compat import unwrap_store
@@ -82,6 +85,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             [generation.members[g] for g in global_ranks], [generation.heartbeat_path(g) for g in global_ranks]
         )
         self._t = GroupTransport(directory, rank, size, watch, timeout.total_seconds())
+        #: the node and leaders' tiers, where collectives run in two (None: every one flat)
+        self._tiers = _two_tiers(store, generation, global_ranks, rank, directory, timeout.total_seconds())
         if not owns_generation and rank == 0:  # `fsdist status` maps the group's ranks to the job's
             store.set(layout.GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(list(global_ranks)))
         #: per-operation debug records (FSDIST_DEBUG=1): decided once, so they cost nothing when off
@@ -113,11 +118,13 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     # ---- running operations ---------------------------------------------------------------
 
     def _submit(
-        self, description: str, outputs: list[torch.Tensor], run: Callable[[Staging], None], inputs: Tensors = ()
-    ) -> FsdistWork:
+        self, description: str, outputs: list[torch.Tensor], run: Callable[[Staging], None], inputs: Tensors = (),
+        tiered: Callable[[NodeTiers, Staging], None] | None = None,
+    ) -> FsdistWork:  # fmt: skip
         """Queue ``run`` as the next collective; it gets a Staging for its tensors.
 
         ``inputs`` (beside ``outputs``) only count towards the bytes in debug records.
+        ``tiered``: the operation's two-tier form, run instead where the group has tiers.
         """
         if self._closed:
             raise FsdistError(f"rank {self.rank()}: '{description}' called on a process group that was shut down")
@@ -133,8 +140,12 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             try:
                 staging = Staging()
                 with torch.no_grad():
-                    self._t.enter(seq, description)
-                    run(staging)
+                    if tiered is not None and self._tiers is not None:
+                        self._tiers.enter(seq, description)
+                        tiered(self._tiers, staging)
+                    else:
+                        self._t.enter(seq, description)
+                        run(staging)
                     staging.finish()
             except BaseException as exc:
                 error = f"{type(exc).__name__}: {exc}"
@@ -150,7 +161,13 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def _broke(self, error: BaseException) -> None:
         log.error("rank %d: process group %s broke: %s", self.rank(), self._group_name, error)
-        self._t.abort(f"rank {self.rank()}: {error}")
+        self._abort_all(f"rank {self.rank()}: {error}")
+
+    def _abort_all(self, reason: str) -> None:
+        """Fail the group in every tier: each tier's waiters, on every node, end with ``reason``."""
+        if self._tiers is not None:
+            self._tiers.abort(reason)
+        self._t.abort(reason)
 
     # ---- collectives ----------------------------------------------------------------------
 
@@ -158,7 +175,12 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         tensors, opts = forms.rooted(tensors, opts, dist.BroadcastOptions)
         root = checks.root(opts.rootRank, self.size())
         desc = describe("broadcast", tensors, root=root)
-        return self._submit(desc, list(tensors), lambda s: coll.broadcast(self._t, [s.inout(x) for x in tensors], root))
+        return self._submit(
+            desc,
+            list(tensors),
+            lambda s: coll.broadcast(self._t, [s.inout(x) for x in tensors], root),
+            tiered=lambda h, s: hier.broadcast(h, [s.inout(x) for x in tensors], root),
+        )
 
     def allreduce(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
         tensors, opts = forms.allreduce(tensors, opts)
@@ -179,7 +201,10 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         def run(s: Staging) -> None:
             coll.all_reduce_coalesced(self._t, [s.inout(x) for x in tensors], reduction)
 
-        return self._submit(desc, list(tensors), run)
+        def tiered(h: NodeTiers, s: Staging) -> None:
+            hier.all_reduce(h, [s.inout(x) for x in tensors], reduction)
+
+        return self._submit(desc, list(tensors), run, tiered=tiered)
 
     def reduce(self, tensors: Tensors, opts: Any = None, op: Any = None) -> FsdistWork:
         tensors, opts = forms.reduce(tensors, opts, op)
@@ -187,7 +212,12 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         reduction = reduction_of(opts.reduceOp, tensors)
         (tensor,) = checks.exactly_one(tensors, "reduce")
         desc = describe("reduce", tensors, root=root, reduction=reduction)
-        return self._submit(desc, [tensor], lambda s: coll.reduce(self._t, s.inout(tensor), root, reduction))
+        return self._submit(
+            desc,
+            [tensor],
+            lambda s: coll.reduce(self._t, s.inout(tensor), root, reduction),
+            tiered=lambda h, s: hier.reduce(h, s.inout(tensor), root, reduction),
+        )
 
     def allgather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
         output_lists, inputs = forms.allgather(output_lists, inputs)
@@ -216,18 +246,23 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 raise ValueError(f"{name}: output must hold {self.size()} × input ({tensor.numel()} {tensor.dtype})")
         desc = describe(name, inputs)
 
-        def run(s: Staging) -> None:
+        def by_rank(s: Staging) -> list[list[torch.Tensor]]:
             chunks = [s.output(out).view(-1).chunk(self.size()) if out.numel() else None for out in outputs]
-            by_rank = [
+            return [
                 [
                     c[r].view(x.shape) if c is not None else x.new_empty(x.shape)
                     for c, x in zip(chunks, inputs, strict=True)
                 ]
                 for r in range(self.size())
             ]
-            coll.all_gather(self._t, by_rank, [s.input(x) for x in inputs])
 
-        return self._submit(desc, list(outputs), run, inputs)
+        return self._submit(
+            desc,
+            list(outputs),
+            lambda s: coll.all_gather(self._t, by_rank(s), [s.input(x) for x in inputs]),
+            inputs,
+            lambda h, s: hier.all_gather(h, by_rank(s), [s.input(x) for x in inputs]),
+        )
 
     def _all_gather(
         self, name: str, by_rank: Sequence[Tensors], inputs: Tensors, flat: list[torch.Tensor]
@@ -240,6 +275,9 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 self._t, [[s.output(o) for o in outs] for outs in by_rank], [s.input(x) for x in inputs]
             ),
             inputs,
+            lambda h, s: hier.all_gather(
+                h, [[s.output(o) for o in outs] for outs in by_rank], [s.input(x) for x in inputs]
+            ),
         )
 
     def gather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
@@ -290,6 +328,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             [output],
             lambda s: coll.reduce_scatter(self._t, [s.output(output)], [[s.input(x) for x in inputs]], reduction),
             inputs,
+            lambda h, s: hier.reduce_scatter(h, [s.output(output)], [[s.input(x) for x in inputs]], reduction),
         )
 
     def reduce_scatter_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> FsdistWork:
@@ -305,14 +344,19 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 raise ValueError(f"{name}: input must hold {self.size()} × output ({out.numel()} {out.dtype})")
         desc = describe(name, outputs, reduction=reduction)
 
-        def run(s: Staging) -> None:
-            pieces = [
+        def pieces(s: Staging) -> list[list[torch.Tensor]]:
+            return [
                 [p.view(o.shape) for p in checks.split_even(s.input(x), self.size())]
                 for x, o in zip(inputs, outputs, strict=True)
             ]
-            coll.reduce_scatter(self._t, [s.output(o) for o in outputs], pieces, reduction)
 
-        return self._submit(desc, list(outputs), run, inputs)
+        return self._submit(
+            desc,
+            list(outputs),
+            lambda s: coll.reduce_scatter(self._t, [s.output(o) for o in outputs], pieces(s), reduction),
+            inputs,
+            lambda h, s: hier.reduce_scatter(h, [s.output(o) for o in outputs], pieces(s), reduction),
+        )
 
     def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> FsdistWork:
         if len(outputs) != self.size() or len(inputs) != self.size():
@@ -341,7 +385,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return self._submit(desc, [output], run, [tensor])
 
     def barrier(self, opts: Any = None) -> FsdistWork:
-        return self._submit("barrier", [], lambda s: coll.barrier(self._t))
+        return self._submit("barrier", [], lambda s: coll.barrier(self._t), tiered=lambda h, s: hier.barrier(h))
 
     # c10d's C++ callers (functional collectives) use these older names.
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -410,6 +454,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self._queue.close()
         if self._receives is not None:
             self._receives.close()
+        if self._tiers is not None:
+            self._tiers.close()
         self._t.close()
         if self._heartbeat is not None:
             self._heartbeat.stop()
@@ -418,8 +464,45 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             self._generation.leave()
 
     def abort(self) -> None:
-        self._t.abort(f"rank {self.rank()} aborted the process group")
+        self._abort_all(f"rank {self.rank()} aborted the process group")
         self.shutdown()
+
+
+def _two_tiers(
+    store: DirectoryStore, generation: Generation, global_ranks: Sequence[int], rank: int, directory: str,
+    timeout: float,
+) -> NodeTiers | None:  # fmt: skip
+    """The group's two tiers where its collectives should run in two (``FSDIST_ALGO``), else None.
+
+    Every rank must decide alike, or some would wait in tiers that others never enter: the
+    decision is made from the node ids every rank read from the same rendezvous record, and
+    FSDIST_ALGO (which could differ) is checked against rank 0's through the store.
+    """
+    algo = os.environ.get(ENV_ALGO, "auto")
+    if algo not in ("auto", "flat", "hier"):
+        raise ValueError(f"{ENV_ALGO}={algo!r}: expected auto, flat or hier")
+    nodes = Nodes.of([generation.members[g].placement for g in global_ranks])
+    use = algo == "hier" or (algo == "auto" and nodes.tiers_help())
+    key = layout.GROUP_ALGO_KEY + os.path.basename(directory)
+    if rank == 0:
+        store.set(key, "hier" if use else "flat")
+    elif (decided := store.get(key).decode()) != ("hier" if use else "flat"):
+        raise ValueError(
+            f"rank {rank}: this rank would run the group's collectives {'hier' if use else 'flat'} "
+            f"({ENV_ALGO}={algo}), rank 0 runs them {decided}: set {ENV_ALGO} alike on every rank"
+        )
+    if not use:
+        return None
+
+    def watch_of(ranks: Sequence[int]) -> PeerWatch:
+        job_ranks = [global_ranks[r] for r in ranks]
+        return PeerWatch(
+            [generation.members[g] for g in job_ranks], [generation.heartbeat_path(g) for g in job_ranks], ranks
+        )
+
+    node_directory = layout.node_group_dir(local_dir(), generation.generation_id, directory)
+    leaders_directory = os.path.join(directory, layout.LEADERS_DIR)
+    return NodeTiers(nodes, rank, node_directory, leaders_directory, watch_of, timeout)
 
 
 def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupFsdist:

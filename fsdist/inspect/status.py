@@ -21,10 +21,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS
+from ..defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS, local_dir
 from ..errors import ProtocolError, RendezvousError
 from ..files.locks import Counter, read_locked
-from ..job.liveness import Identity, is_alive
+from ..job.liveness import Identity, is_alive, node_id
+from ..job.nodes import Nodes
 from ..protocol import layout, rendezvous_record, state_record
 from .straggler import RankPosition, Straggler, find_straggler, holding_up, in_step_line, list_ranks
 
@@ -122,7 +123,8 @@ def read_status(directory: str) -> RunStatus:
         status.state = "crashed"
     else:
         status.state = "running"
-    status.groups = _groups(gen_dir, status.world_size, now)
+    nodes_of = [Identity.from_json(members[r]).placement if r in members else "" for r in range(status.world_size)]
+    status.groups = _groups(gen_dir, status.world_size, now, nodes_of)
     for member in status.members:
         if member.liveness in ("dead", "stalled"):
             why = "is dead (its process is gone)" if member.liveness == "dead" else "stopped its heartbeat"
@@ -134,6 +136,13 @@ def read_status(directory: str) -> RunStatus:
         status.summary.append(
             f"{'rank' if one else 'ranks'} {list_ranks(status.holding_up)} wait{'s' if one else ''} for no one, and "
             f"the others wait for {'it' if one else 'them'} (directly or through other ranks): start there"
+        )
+    if status.holding_up and len(set(nodes_of)) > 1:  # several nodes: say which machine to look at
+        one = len(status.holding_up) == 1
+        where_late = ", ".join(sorted({nodes_of[r] for r in status.holding_up if r < len(nodes_of)}))
+        status.summary.append(
+            f"{'rank' if one else 'ranks'} {list_ranks(status.holding_up)} holding the job up "
+            f"{'runs' if one else 'run'} on node {where_late}"
         )
     for group in status.groups:
         where = "" if group.name == "world" else f" in group {group.name!r}"
@@ -170,7 +179,8 @@ def _member(gen_dir: str, rank: int, data: dict[str, Any], now: float) -> Member
 # ---- groups -------------------------------------------------------------------------------
 
 
-def _groups(gen_dir: str, world_size: int, now: float) -> list[GroupStatus]:
+def _groups(gen_dir: str, world_size: int, now: float, nodes_of: list[str]) -> list[GroupStatus]:
+    """Every group's status; a two-tier group's tiers follow it (``nodes_of``: each job rank's node)."""
     groups_dir = layout.groups_dir(gen_dir)
     try:
         names = sorted(os.listdir(groups_dir))
@@ -188,12 +198,58 @@ def _groups(gen_dir: str, world_size: int, now: float) -> list[GroupStatus]:
         name = _group_name(dirname)
         if ranks is None and count == world_size and dirname.endswith(".0"):
             ranks, name = list(range(world_size)), "world"
-        positions = [_position(path, r, ranks, now) for r in range(count)]
-        abort_raw, _ = read_locked(os.path.join(path, layout.ABORT_FILE))
-        abort = abort_raw.decode(errors="replace") if abort_raw else None
-        groups.append(GroupStatus(name, path, ranks, positions, abort, find_straggler(positions)))
+        group = _group(name, path, count, ranks, now)
+        tiers = _tiers(group, os.path.basename(gen_dir), nodes_of, now) if ranks is not None else []
+        groups += [group, *tiers]
     groups.sort(key=lambda g: g.name != "world")
     return groups
+
+
+def _group(name: str, path: str, count: int, ranks: list[int] | None, now: float) -> GroupStatus:
+    positions = [_position(path, r, ranks, now) for r in range(count)]
+    abort_raw, _ = read_locked(os.path.join(path, layout.ABORT_FILE))
+    abort = abort_raw.decode(errors="replace") if abort_raw else None
+    return GroupStatus(name, path, ranks, positions, abort, find_straggler(positions))
+
+
+def _tiers(group: GroupStatus, generation: str, nodes_of: list[str], now: float) -> list[GroupStatus]:
+    """A two-tier group's leaders' tier (shared) and this machine's node tier, where they exist.
+
+    Their ranks' positions also move the group's own (whose records see only its flat
+    operations and point-to-point messages): each rank shows the furthest it is seen at. Other
+    nodes' tiers live on their machines: run ``fsdist status`` there to see them.
+    """
+    assert group.ranks is not None
+    try:
+        nodes = Nodes.of([nodes_of[r] for r in group.ranks])
+    except IndexError:
+        return []
+    tiers = []
+    leaders = os.path.join(group.directory, layout.LEADERS_DIR)
+    if os.path.isdir(leaders):
+        leader_ranks = [group.ranks[nodes.leader(k)] for k in range(len(nodes.members))]
+        tiers.append(_group(f"{group.name} · leaders' tier", leaders, len(leader_ranks), leader_ranks, now))
+    here = node_id()
+    local = layout.node_group_dir(local_dir(), generation.removeprefix("gen-"), group.directory)
+    node = next((k for k, ranks in enumerate(nodes.members) if nodes_of[group.ranks[ranks[0]]] == here), None)
+    if node is not None and os.path.isdir(local):
+        node_ranks = [group.ranks[r] for r in nodes.members[node]]
+        tiers.append(_group(f"{group.name} · node {here}'s tier", local, len(node_ranks), node_ranks, now))
+    if not tiers:
+        return tiers
+    seen_ranks = {seen.rank for tier in tiers for seen in tier.positions}
+    for position in group.positions:  # a rank in another node's tier: where it is, is not known here
+        if position.rank not in seen_ranks and not position.closed:
+            position.seq, position.step, position.description = -1, 0, "(in its node's tier, on its machine)"
+    by_rank = {p.rank: p for p in group.positions}
+    for tier in tiers:
+        for seen in tier.positions:
+            mine = by_rank.get(seen.rank)
+            if mine is not None and not mine.closed and (seen.seq, seen.step) > (mine.seq, mine.step):
+                mine.seq, mine.step, mine.description = seen.seq, seen.step, seen.description
+                mine.since_s = seen.since_s
+    group.straggler = find_straggler(group.positions)
+    return tiers
 
 
 def _group_ranks(gen_dir: str, dirname: str) -> list[int] | None:

@@ -17,6 +17,10 @@
           m<seq>.<step>.r<rank>          a collective message (message.py)
           p<src>-<dst>.<index>           a point-to-point message (message.py)
           .spare.r<rank>.<n>             a retired message file kept for reuse
+          leaders/                       two-tier groups: the leaders' tier (one rank per
+                                         node), with the same files as its group folder
+    LOCAL/fsdist-<gen id>-<group folder>/  two-tier groups: one node's tier, with the same files
+                                         (LOCAL: FSDIST_LOCAL_DIR, default /dev/shm; never shared)
     any folder: .tmp.<name>.<8 hex>      a file being written, renamed to <name> when complete
                                          (the file layer's own convention: files/io.py)
 
@@ -33,8 +37,10 @@ import re
 __all__ = [
     "ABORT_FILE",
     "CLOSED_FILE",
+    "GROUP_ALGO_KEY",
     "GROUP_RANKS_KEY",
     "LAUNCH_DIR",
+    "LEADERS_DIR",
     "RENDEZVOUS_FILE",
     "STORE_LOCK_FILE",
     "doorbell_file",
@@ -48,6 +54,7 @@ __all__ = [
     "is_store_key_file",
     "key_to_filename",
     "message_name",
+    "node_group_dir",
     "p2p_doorbell_file",
     "p2p_name",
     "spare_name",
@@ -58,11 +65,15 @@ __all__ = [
 
 RENDEZVOUS_FILE = "fsdist-rendezvous.json"
 LAUNCH_DIR = ".launch"
+LEADERS_DIR = "leaders"
 ABORT_FILE = "abort"
 CLOSED_FILE = "closed"
 #: Store key a subgroup's rank 0 sets to the JSON list of the job ranks in the group (its
 #: folder name follows), so `fsdist status` can name job ranks.
 GROUP_RANKS_KEY = "fsdist/group-ranks/"
+#: Store key a group's rank 0 sets to how it runs the group's collectives (``flat`` or
+#: ``hier``; its folder name follows): every other rank checks it decided alike.
+GROUP_ALGO_KEY = "fsdist/group-algo/"
 #: The DirectoryStore's lock, taken for read-modify-write changes (add, compare_set, append).
 STORE_LOCK_FILE = ".lock"
 
@@ -96,6 +107,12 @@ def group_dir(generation: str, group_name: str, incarnation: int) -> str:
     """A group's folder: its name escaped like a store key, and how many groups of that name
     this job created before it (torch may give a re-created group the name of a destroyed one)."""
     return os.path.join(groups_dir(generation), f"{key_to_filename(group_name)}.{incarnation}")
+
+
+def node_group_dir(local: str, generation_id: str, group: str) -> str:
+    """A group's node tier on this node: in ``local`` (the node's own directory), named by the
+    generation and the group's folder, so no other job or group on the node shares it."""
+    return os.path.join(local, f"fsdist-{generation_id}-{os.path.basename(group)}")
 
 
 def state_file(group: str, rank: int) -> str:

@@ -17,9 +17,10 @@ from typing import Protocol
 
 import torch
 
+from ..job.nodes import Nodes
 from ..protocol.message import Part
 
-__all__ = ["CollectiveChannel", "Incoming", "PointToPointChannel"]
+__all__ = ["CollectiveChannel", "Incoming", "Nodes", "PointToPointChannel", "TieredChannel"]
 
 
 class Incoming(Protocol):
@@ -115,3 +116,21 @@ class PointToPointChannel(Protocol):
 
     def abort(self, reason: str) -> None:
         """Fail the group: every rank's waits end with ``reason``."""
+
+
+class TieredChannel(Protocol):
+    """What a two-tier algorithm (collectives/hierarchical.py) may use: this rank's node's
+    channel and, on a node's leader, the leaders' channel. Each is a CollectiveChannel of its
+    own (local ranks, leader ranks), entered by the caller for the operation."""
+
+    rank: int
+    size: int
+    nodes: Nodes
+
+    @property
+    def local(self) -> CollectiveChannel | None:
+        """The ranks of this rank's node, numbered by ``Nodes.local_rank`` (None: alone on its node)."""
+
+    @property
+    def cross(self) -> CollectiveChannel | None:
+        """One leader per node, numbered by node (None: not a leader, or a single node)."""

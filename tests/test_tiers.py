@@ -1,0 +1,180 @@
+"""Two-tier collectives on simulated nodes: the collective matrix, and agreement with flat.
+
+Each layout is a pool whose ranks carry a node id and a node-local directory of their own
+(harness.py ``nodes``): (2, 2) and (2, 3) are even and odd nodes, (3, 1) a node with one rank
+(its leader alone, no node tier), (2, 2, 2, 2) four leaders (the leaders' tier by doubling).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import cases_collectives as cases
+import cases_errors
+import cases_groups
+import cases_status
+import cases_tiers
+from harness import RankPool
+from test_collectives import _check
+from test_status import _while_held_up
+
+LAYOUTS = [(2, 2), (2, 3), (3, 1), (2, 2, 2, 2)]
+#: every reduce op once, on a float and an integer dtype between them
+REDUCTIONS = [
+    ("SUM", "float32"), ("AVG", "float32"), ("PREMUL_SUM", "float32"), ("MIN", "float32"),
+    ("PRODUCT", "int64"), ("MAX", "int64"), ("BAND", "int64"), ("BOR", "int64"), ("BXOR", "int64"),
+    ("SUM", "int64"), ("SUM", "bfloat16"),
+]  # fmt: skip
+SMALL_LAYOUTS = LAYOUTS[:3]  # the 8-rank layout runs fewer cases (8 ranks on 2 cores are slow)
+#: each reduction on one layout, in turn: every op and every layout is covered, not their product
+#: (the flat suite has the full matrix; what the tiers add is the same on every op)
+SPREAD = [(SMALL_LAYOUTS[i % len(SMALL_LAYOUTS)], op, dtype) for i, (op, dtype) in enumerate(REDUCTIONS)]
+
+
+def _pool(pool_factory, layout: tuple[int, ...]):
+    return pool_factory(sum(layout), "fsdist", layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_the_world_group_runs_in_two_tiers(pool_factory, layout) -> None:
+    results = _pool(pool_factory, layout).run(cases_tiers.tiers_in_use)
+    singles = {sum(layout[:i]) for i, count in enumerate(layout) if count == 1}
+    for rank, seen in enumerate(results):
+        assert seen["node_tier"] == (rank not in singles), f"rank {rank}: {seen}"
+        assert seen["leaders_tier"], f"rank {rank}: {seen}"
+
+
+@pytest.mark.parametrize("layout,op,dtype", SPREAD, ids=str)
+def test_all_reduce(pool_factory, layout, op: str, dtype: str) -> None:
+    _check(_pool(pool_factory, layout).run(cases.all_reduce, op, dtype), same_on_all_ranks=True)
+
+
+@pytest.mark.parametrize("layout,op,dtype", [c for c in SPREAD if c[2] != "bfloat16"], ids=str)
+def test_reduce_and_reduce_scatter(pool_factory, layout, op: str, dtype: str) -> None:
+    pool = _pool(pool_factory, layout)
+    _check(pool.run(cases.reduce, op, dtype), same_on_all_ranks=False)
+    _check(pool.run(cases.reduce_scatter, op, dtype), same_on_all_ranks=False)
+
+
+@pytest.mark.parametrize(
+    "layout,collective,dtype",
+    [
+        (layout, c, dtype)
+        for layout, dtype in zip(SMALL_LAYOUTS, ["float32", "int64", "float16"], strict=True)
+        for c in (cases.broadcast, cases.all_gather)
+    ]
+    + [((3, 1), c, "float32") for c in (cases.gather, cases.scatter, cases.all_to_all)],  # flat beside tiers
+    ids=lambda v: v.__name__ if callable(v) else str(v),
+)
+def test_data_movement(pool_factory, layout, collective, dtype: str) -> None:
+    _check(
+        _pool(pool_factory, layout).run(collective, dtype),
+        same_on_all_ranks=collective in (cases.broadcast, cases.all_gather),
+    )
+
+
+@pytest.mark.parametrize("layout", SMALL_LAYOUTS, ids=str)
+def test_coalesced_barrier_and_subgroups(pool_factory, layout) -> None:
+    pool = _pool(pool_factory, layout)
+    _check(pool.run(cases.coalesced, "SUM", "float32"), same_on_all_ranks=True)
+    _check(pool.run(cases.barrier_and_ordering), same_on_all_ranks=True)
+    if sum(layout) == 4:  # its subgroups span the nodes unevenly
+        assert pool.run(cases_groups.subgroups) == [[]] * sum(layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_two_tiers_give_the_flat_bits_where_arithmetic_is_exact(pool_factory, layout) -> None:
+    results = _pool(pool_factory, layout).run(cases_tiers.flat_and_tiered_agree)
+    failures = [f"rank {rank}: {f}" for rank, res in enumerate(results) for f in res]
+    assert not failures, "\n".join(failures[:20])
+
+
+def _run_fresh(layout: tuple[int, ...], case, deaths_expected: bool = False) -> list:
+    pool = RankPool(sum(layout), group_timeout=60, nodes=layout)
+    try:
+        return pool.run_each(case, [()] * sum(layout), timeout=40, deaths_expected=deaths_expected)
+    finally:
+        pool.kill()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [cases_tiers.nodes_disagree_on_the_shape, cases_tiers.one_rank_disagrees_on_the_shape],
+    ids=lambda f: f.__name__,
+)
+def test_a_desync_on_one_node_is_reported_on_every_rank_of_every_node(case) -> None:
+    for rank, text in enumerate(_run_fresh((2, 2), case)):
+        assert text.startswith(("DesyncError", "PeerFailedError")), f"rank {rank}: {text}"
+        assert "float32[12]" in text and "float32[10]" in text, f"rank {rank}: {text}"
+
+
+def test_a_rank_dying_on_one_node_is_named_on_the_other() -> None:
+    # group timeout 60 s, case deadline 40 s: only dead-peer detection, crossing the tiers, passes
+    results = _run_fresh((2, 2), cases_errors.peer_dies_during_all_reduce, deaths_expected=True)
+    for rank in (0, 2, 3):
+        assert results[rank].startswith("PeerFailedError"), f"rank {rank}: {results[rank]}"
+        assert "rank 1" in results[rank] and "died" in results[rank], f"rank {rank}: {results[rank]}"
+
+
+def test_status_shows_both_tiers_and_the_rank_that_holds_them_up(pool_factory, tmp_path, monkeypatch) -> None:
+    pool = _pool(pool_factory, (2, 2))
+    # `fsdist status` run as on node 1: it sees the leaders' tier and node 1's own
+    monkeypatch.setenv("FSDIST_NODE_ID", "node1")
+    monkeypatch.setenv("FSDIST_LOCAL_DIR", pool.node_dirs[1])
+
+    def held_up(status: Any) -> bool:
+        return any(g.straggler is not None and g.straggler.ranks == [3] for g in status.groups)
+
+    results, (shown, text, *_) = _while_held_up(
+        pool, cases_status.straggle_before_all_reduce, 3, str(tmp_path / "release"), held_up
+    )
+    assert results == [10.0] * 4
+    status = json.loads(shown.stdout)
+    print(text.stdout)
+    names = [g["name"] for g in status["groups"]]
+    assert names[:3] == ["world", "world · leaders' tier", "world · node node1's tier"], names
+    leaders, node = status["groups"][1], status["groups"][2]
+    assert leaders["ranks"] == [0, 2] and node["ranks"] == [2, 3]
+    assert node["straggler"]["ranks"] == [3] and node["straggler"]["waiting_ranks"] == [2]
+    assert status["groups"][0]["straggler"]["ranks"] == [3]  # the world group's ranks, where the tiers see them
+    assert status["holding_up"] == [3], status["summary"]
+    assert "node node1's tier" in text.stdout
+    assert "rank 3 holding the job up runs on node node1" in status["summary"], status["summary"]
+
+
+TIERS_SCRIPT = """
+import os, torch, torch.distributed as dist
+dist.init_process_group("fsdist")
+x = torch.full((5,), float(dist.get_rank()))
+dist.all_reduce(x)
+local = os.environ["FSDIST_LOCAL_DIR"]
+tier = any(name.startswith("fsdist-") for name in os.listdir(local))
+print(f"rank {dist.get_rank()} node {os.environ['FSDIST_NODE_ID']} sum {x[0].item():.0f} node tier {tier}")
+dist.destroy_process_group()
+"""
+
+
+def test_two_launchers_with_their_own_node_ids_run_as_two_machines(tmp_path) -> None:
+    script = tmp_path / "tiers.py"
+    script.write_text(TIERS_SCRIPT)
+    launchers = []
+    for node in (0, 1):
+        local = tmp_path / f"node{node}"
+        local.mkdir(mode=0o700)
+        env = {**os.environ, "FSDIST_NODE_ID": f"node{node}", "FSDIST_LOCAL_DIR": str(local)}
+        command = [sys.executable, "-m", "fsdist", "run", "--dir", str(tmp_path / "run"), "--nnodes", "2",
+                   "--node-rank", str(node), "--nproc-per-node", "2", str(script)]  # fmt: skip
+        launchers.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    outputs = [launcher.communicate(timeout=300) for launcher in launchers]
+    for node, (launcher, (out, err)) in enumerate(zip(launchers, outputs, strict=True)):
+        assert launcher.returncode == 0, f"node {node}: {out + err}"
+        for local_rank in range(2):
+            line = f"rank {2 * node + local_rank} node node{node} sum 6 node tier True"
+            assert line in out, f"node {node}: {out + err}"
+        assert os.listdir(tmp_path / f"node{node}") == [], "the node tier was left behind"
