@@ -80,7 +80,7 @@ def test_fs_call_counting_sees_every_kind_and_tells_doorbells_and_proc_apart(tmp
         os.pread(loadavg, 128, 0)
         os.close(loadavg)
     assert counts == {"open": 3, "lock": 1, "stat": 1, "write": 1, "read": 1, "mmap": 1, "close": 3,
-                      "rename": 1, "unlink": 1, "ring": 2, "proc": 1}, counts  # fmt: skip
+                      "rename": 1, "unlink": 1, "ring": 2, "proc": 1, "bytes": 16}, counts  # fmt: skip
     assert (os.open, os.close, fcntl.fcntl, mmap.mmap) == real, "the real functions are back"
     with fscalls.counting() as again:
         os.stat(tmp_path)
@@ -184,3 +184,34 @@ def test_lock_benchmark_refuses_a_peer_mount_that_is_not_the_same_directory(tmp_
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "not another mount" in done.stderr
     assert os.listdir(tmp_path / "a") == []
+
+
+def test_bench_nodes_sets_flat_beside_two_tiers_with_shared_and_local_calls_apart(tmp_path) -> None:
+    done = _bench(tmp_path, "--ranks", "4", "--nodes", "2", "--sizes", "8,1M", "--ops", "all_reduce,barrier",
+                  "--iters", "small")  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 simulated nodes" in done.stdout and "FAILED" not in done.stdout, done.stdout
+    rows = json.loads((tmp_path / "result.json").read_text())["rows"]
+    assert {r["backend"] for r in rows} == {"flat", "hier"} and all(r["verified"] for r in rows), rows
+    by = {(r["backend"], r["op"], r["nbytes"]): r["fs_calls_by_kind"] for r in rows}
+    flat, hier = by["flat", "all_reduce", 1 << 20], by["hier", "all_reduce", 1 << 20]
+    # flat: every rank writes its 1 MiB to the shared directory; two tiers: a leader per node only
+    assert flat["bytes"] >= 1 << 20 and not any(k.startswith("local ") for k in flat), flat
+    assert hier["bytes"] * 4 <= 2 * (1 << 20) + 4096 and hier["local bytes"] > 0, hier
+    assert os.listdir(tmp_path / "runs") == [], "the benchmark left its run directories behind"
+
+
+def test_counting_tells_node_local_files_from_shared_ones(tmp_path) -> None:
+    from fsdist.cli.bench import fscalls
+
+    local, shared = tmp_path / "local", tmp_path / "shared"
+    local.mkdir()
+    shared.mkdir()
+    with fscalls.counting(str(local)) as counts:
+        for where in (local, shared):
+            fd = os.open(where / "f", os.O_CREAT | os.O_WRONLY)
+            os.write(fd, b"12345")
+            os.close(fd)
+    assert counts["local open"] == counts["open"] == 1, counts
+    assert counts["local bytes"] == counts["bytes"] == 5, counts
+    assert counts["local close"] == counts["close"] == 1, counts

@@ -22,7 +22,7 @@ from typing import Any
 from ...files.io import make_private_dir
 from .. import ranks
 from . import report
-from .plan import BACKENDS, DEFAULT_RANKS, DEFAULT_SIZES, OPS, Plan, parse_size
+from .plan import BACKENDS, DEFAULT_RANKS, DEFAULT_SIZES, NODE_BACKENDS, OPS, Plan, parse_size
 
 #: A world whose ranks take longer than this is killed (a hang must not outlive the benchmark).
 WORLD_TIMEOUT_SECONDS = 900.0
@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads per rank (default: torch's choice)")
     parser.add_argument("--out", default="fsdist-bench", help="write OUT.csv and OUT.json ('' to skip)")
     parser.add_argument("--plot", action="store_true", help="also draw OUT.png (needs the [plot] extra: matplotlib)")
+    parser.add_argument(
+        "--nodes", type=int, default=0,
+        help="simulate K nodes per world (ranks split evenly, each node its own FSDIST_NODE_ID and "
+        "FSDIST_LOCAL_DIR) and compare fsdist flat with two tiers, shared and node-local calls and "
+        "bytes apart (instead of Gloo)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
         worlds = [int(w) for w in args.ranks.split(",") if w.strip()]
         if not worlds or min(worlds) < 1:
             raise ValueError("--ranks needs world sizes of at least 1")
+        if plan.nodes and any(w % plan.nodes for w in worlds):
+            raise ValueError(f"--nodes {plan.nodes} must divide every world size ({args.ranks})")
     except ValueError as exc:
         print(f"fsdist bench: {exc}", file=sys.stderr)
         return 2
@@ -67,8 +75,11 @@ def run(args: argparse.Namespace) -> int:
         if world > 1:  # the ranks that waited for rank 0: the worst of them
             blocked[str(world)] = {b: max(out["blocked_cpu"][b] for out in outputs[1:]) for b in plan.backends}
     elapsed = time.monotonic() - started
-    print(report.table(rows))
-    print(report.fs_calls_table(rows))
+    if plan.nodes:
+        print(report.nodes_table(rows, plan.nodes))
+    else:
+        print(report.table(rows))
+        print(report.fs_calls_table(rows))
     for label, cpu in blocked.items():
         burnt = ", ".join(f"{backend} {seconds:.3f}" for backend, seconds in cpu.items())
         print(f"blocked 1 s in a barrier ({label} ranks), CPU seconds: {burnt}")
@@ -98,8 +109,10 @@ def _plan(args: argparse.Namespace) -> Plan:
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     if args.iters not in ("default", "small") and not (args.iters.isdigit() and int(args.iters) > 0):
         raise ValueError(f"--iters must be 'default', 'small' or a positive count, not {args.iters!r}")
-    backends = list(BACKENDS) if args.against == "gloo" else ["fsdist"]
-    return Plan(ops=ops, sizes=sizes, backends=backends, iters=args.iters, threads=args.threads)
+    if args.nodes < 0:
+        raise ValueError("--nodes must be at least 1 (or 0: one machine)")
+    backends = list(NODE_BACKENDS) if args.nodes else list(BACKENDS) if args.against == "gloo" else ["fsdist"]
+    return Plan(ops=ops, sizes=sizes, backends=backends, iters=args.iters, threads=args.threads, nodes=args.nodes)
 
 
 def _run_world(plan: Plan, world: int, base: str) -> list[dict[str, Any]]:
@@ -113,8 +126,16 @@ def _run_world(plan: Plan, world: int, base: str) -> list[dict[str, Any]]:
             json.dump(plan.to_json(), out)
         extra = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
                  "FSDIST_BENCH_PROGRESS": os.path.join(work, "progress")}  # fmt: skip
-        for rank in range(world):  # one node's ranks, as `fsdist run` starts them
-            env = ranks.rank_environment(rank, rank, world, world, 0, os.path.join(work, "run"), **extra)
+        per_node = world // plan.nodes if plan.nodes else world
+        for rank in range(world):  # one node's ranks, as `fsdist run` starts them (or K nodes')
+            node = rank // per_node
+            if plan.nodes:
+                local = os.path.join(work, f"node{node}")
+                make_private_dir(local)
+                extra.update(FSDIST_NODE_ID=f"bench-node{node}", FSDIST_LOCAL_DIR=local)
+            env = ranks.rank_environment(
+                rank, rank % per_node, world, per_node, node, os.path.join(work, "run"), **extra
+            )
             command = [sys.executable, "-m", "fsdist.cli.bench.rank", plan_path, os.path.join(work, f"out.r{rank}")]
             procs.append(ranks.start(command, env, log_path=os.path.join(work, f"log.r{rank}")))
         _wait_all(procs, work)

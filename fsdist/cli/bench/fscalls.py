@@ -12,6 +12,10 @@ Kinds, in the order the report shows them: ``lock`` (fcntl locks and unlocks), `
 rmdir, listing, link), ``ring`` (a byte written to or drained from a doorbell FIFO) and
 ``wait`` (select on a doorbell FIFO) and ``proc`` (a read of ``/proc``: the run queue a waiter
 checks before it spins): the last three never leave the machine.
+
+With ``local_root`` (``bench --nodes``: each simulated node's FSDIST_LOCAL_DIR), a call on a file
+under it counts as ``local <kind>``, apart from the shared directory's; ``bytes`` (and ``local
+bytes``) add up what the writes wrote.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from ...transport.spares import SpareFile
 
 __all__ = ["KINDS", "REMOTE_KINDS", "counting"]
 
@@ -56,17 +62,54 @@ _LOCK_COMMANDS = {
 
 
 @contextmanager
-def counting() -> Iterator[Counter[str]]:
-    """Count every filesystem call of this process, by kind, while the block runs."""
+def counting(local_root: str | None = None) -> Iterator[Counter[str]]:
+    """Count every filesystem call of this process, by kind, while the block runs (and, with
+    ``local_root``, those on files under it apart: see the module docstring)."""
     counts: Counter[str] = Counter()
     guard = threading.Lock()
     originals: list[tuple[Any, str, Any]] = []
+    roots = tuple({os.path.join(r, "") for r in (local_root, os.path.realpath(local_root))}) if local_root else ()
+    #: fd -> "local " for a file under local_root, else "" (forgotten when the fd is closed)
+    place: dict[int, str] = {}
+    real_readlink = os.readlink
+
+    def path_place(path: Any) -> str:
+        if not roots or not isinstance(path, (str, bytes, os.PathLike)):
+            return ""
+        text = os.fsdecode(os.fspath(path))
+        return "local " if text.startswith(roots) else ""
+
+    def fd_place(fd: Any) -> str:
+        if hasattr(fd, "fileno"):
+            fd = fd.fileno()
+        if not roots or not isinstance(fd, int):
+            return ""
+        if fd not in place:  # opened before counting began (state records stay open)
+            try:
+                place[fd] = path_place(real_readlink(f"/proc/self/fd/{fd}"))
+            except OSError:
+                place[fd] = ""
+        return place[fd]
 
     def counted(function: Callable[..., Any], kind: str) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            first = args[0] if args else None
+            where = fd_place(first) if isinstance(first, int) or hasattr(first, "fileno") else path_place(first)
             with guard:
-                counts[kind] += 1
+                counts[where + kind] += 1
             return function(*args, **kwargs)
+
+        return wrapper
+
+    def open_counted(function: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(path: Any, *args: Any, **kwargs: Any) -> Any:
+            where = path_place(path)
+            with guard:
+                counts[where + "open"] += 1
+            fd = function(path, *args, **kwargs)
+            if roots:
+                place[fd] = where
+            return fd
 
         return wrapper
 
@@ -90,25 +133,43 @@ def counting() -> Iterator[Counter[str]]:
 
     def data_counted(function: Callable[..., Any], kind: str) -> Callable[..., Any]:
         def wrapper(fd: int, *args: Any, **kwargs: Any) -> Any:
+            where = fd_place(fd)
             with guard:
                 if fd not in local:
                     local[fd] = local_kind(fd)
-                counts[local[fd] or kind] += 1
-            return function(fd, *args, **kwargs)
+                counts[local[fd] or where + kind] += 1
+            result = function(fd, *args, **kwargs)
+            if kind == "write" and not local[fd] and isinstance(result, int):
+                with guard:
+                    counts[where + "bytes"] += result
+            return result
 
         return wrapper
 
     def close_counted(fd: int) -> None:
+        where = fd_place(fd)
         with guard:
-            counts["close"] += 1
+            counts[where + "close"] += 1
             local.pop(fd, None)
+            place.pop(fd, None)
         real_close(fd)
 
     def fcntl_counted(function: Callable[..., Any]) -> Callable[..., Any]:
         def wrapper(fd: Any, command: int, *args: Any) -> Any:
+            where = fd_place(fd)
             with guard:
-                counts["lock" if command in _LOCK_COMMANDS else "stat"] += 1
+                counts[where + ("lock" if command in _LOCK_COMMANDS else "stat")] += 1
             return function(fd, command, *args)
+
+        return wrapper
+
+    def spare_counted(function: Callable[..., Any]) -> Callable[..., Any]:
+        """A reused file is rewritten through its mapping, not ``write``: its bytes count here."""
+
+        def wrapper(spare: SpareFile, final: str, buffers: Any) -> None:
+            function(spare, final, buffers)
+            with guard:
+                counts[path_place(final) + "bytes"] += sum(len(b) for b in buffers)
 
         return wrapper
 
@@ -117,9 +178,11 @@ def counting() -> Iterator[Counter[str]]:
             original = getattr(module, name)
             originals.append((module, name, original))
             if module is mmap:
-                replacement: Any = _counted_class(original, counts, guard)
+                replacement: Any = _counted_class(original, counts, guard, fd_place)
             elif name == "close":
                 replacement = close_counted
+            elif name == "open":
+                replacement = open_counted(original)
             elif kind in ("read", "write") and name not in ("fsync", "ftruncate"):
                 replacement = data_counted(original, kind)
             else:
@@ -127,19 +190,22 @@ def counting() -> Iterator[Counter[str]]:
             setattr(module, name, replacement)
         originals.append((fcntl, "fcntl", fcntl.fcntl))
         fcntl.fcntl = fcntl_counted(fcntl.fcntl)
+        originals.append((SpareFile, "publish", SpareFile.publish))
+        SpareFile.publish = spare_counted(SpareFile.publish)  # type: ignore[method-assign]
         yield counts
     finally:
         for module, name, original in reversed(originals):
             setattr(module, name, original)
 
 
-def _counted_class(cls: type, counts: Counter[str], guard: threading.Lock) -> type:
+def _counted_class(cls: type, counts: Counter[str], guard: threading.Lock, fd_place: Callable[[Any], str]) -> type:
     """``mmap.mmap`` is a class that code also uses in isinstance checks: count through a subclass."""
 
     class Counted(cls):
         def __new__(klass, *args: Any, **kwargs: Any) -> Any:
+            where = fd_place(args[0]) if args else ""
             with guard:
-                counts["mmap"] += 1
+                counts[where + "mmap"] += 1
             return cls.__new__(klass, *args, **kwargs)
 
     Counted.__name__ = cls.__name__

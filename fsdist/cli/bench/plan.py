@@ -14,6 +14,8 @@ OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", 
 DEFAULT_SIZES = "8,1K,64K,1M,16M,64M"
 DEFAULT_RANKS = "2,4"
 BACKENDS = ("fsdist", "gloo")
+#: ``--nodes``: fsdist's two forms side by side (groups of every rank, FSDIST_ALGO at creation)
+NODE_BACKENDS = ("flat", "hier")
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -61,6 +63,7 @@ class Plan:
     backends: list[str]
     iters: str = "default"
     threads: int = 0  # torch intra-op threads per rank; 0 keeps torch's default
+    nodes: int = 0  # simulated nodes per world (0: one machine, as it is)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

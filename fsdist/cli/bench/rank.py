@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ...defaults import ENV_ALGO
 from . import fscalls
 from .ops import make_case
 from .plan import Plan, iterations
@@ -50,7 +51,7 @@ def run_cell(op: str, nbytes: int, plan: Plan, group: dist.ProcessGroup) -> dict
     # filesystem calls in a pass of their own, so counting costs the timed calls nothing
     counted = min(iters, COUNTED_ITERS)
     dist.barrier(group=group)
-    with fscalls.counting() as counts:
+    with fscalls.counting(os.environ.get("FSDIST_LOCAL_DIR") if plan.nodes else None) as counts:
         for _ in range(counted):
             case.run()
     fs_calls = {kind: n / counted for kind, n in counts.items()}
@@ -66,6 +67,15 @@ def blocked_cpu(group: dist.ProcessGroup, seconds: float = 1.0) -> float:
     cpu0 = time.process_time()
     dist.barrier(group=group)
     return time.process_time() - cpu0
+
+
+def _group_running(algo: str) -> dist.ProcessGroup:
+    """A group of every rank whose collectives run ``algo`` (``flat`` or ``hier``)."""
+    os.environ[ENV_ALGO] = algo
+    try:
+        return dist.new_group(backend="fsdist")
+    finally:
+        del os.environ[ENV_ALGO]
 
 
 def _progress(line: str) -> None:
@@ -86,6 +96,8 @@ def main(plan_path: str, out_path: str) -> int:
     groups: dict[str, dist.ProcessGroup] = {"fsdist": dist.group.WORLD}  # type: ignore[dict-item]
     if "gloo" in plan.backends:
         groups["gloo"] = dist.new_group(backend="gloo")
+    if plan.nodes:  # the two forms as groups of every rank (the form is decided at creation)
+        groups = {algo: _group_running(algo) for algo in plan.backends}
     results: list[dict[str, Any]] = []
     cells = plan.cells()
     for index, (op, nbytes) in enumerate(cells):
@@ -98,8 +110,9 @@ def main(plan_path: str, out_path: str) -> int:
             _progress(f"[{index + 1}/{len(cells)}] {op} {nbytes} B done")
     blocked = {backend: blocked_cpu(group) for backend, group in groups.items()}
     dist.barrier()
-    if "gloo" in groups:
-        dist.destroy_process_group(groups["gloo"])
+    for name, group in groups.items():
+        if name != "fsdist":
+            dist.destroy_process_group(group)
     dist.destroy_process_group()
     temp = f"{out_path}.tmp"
     with open(temp, "w") as out:

@@ -71,16 +71,58 @@ def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
 
 
 def _mean_counts(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    return {
-        kind: sum(c.get(kind, 0.0) for c in per_rank) / len(per_rank)
-        for kind in KINDS
-        if any(kind in c for c in per_rank)
-    }
+    keys = dict.fromkeys(key for counts in per_rank for key in counts)
+    return {key: sum(c.get(key, 0.0) for c in per_rank) / len(per_rank) for key in keys}
 
 
-def _fs_total(row: Row) -> float:
-    """Calls that reach the filesystem (on NFS, the server): doorbell rings and waits are local."""
-    return sum(row.fs_calls_by_kind.get(kind, 0.0) for kind in REMOTE_KINDS)
+def _fs_total(row: Row, where: str = "") -> float:
+    """Calls that reach the filesystem (on NFS, the server): doorbell rings and waits are local.
+    ``where``: ``""`` for the shared directory's, ``"local "`` for the node-local ones."""
+    return sum(row.fs_calls_by_kind.get(where + kind, 0.0) for kind in REMOTE_KINDS)
+
+
+def nodes_table(rows: list[Row], nodes: int) -> str:
+    """``bench --nodes``: fsdist flat and in two tiers side by side, the shared directory's bytes
+    and calls apart from the node-local ones (on NFS only the shared ones reach the server)."""
+    cells: dict[tuple[int, str, int], dict[str, Row]] = {}
+    for row in rows:
+        cells.setdefault((row.world, row.op, row.nbytes), {})[row.backend] = row
+    header = (
+        f"{'ranks':>5} {'op':<14} {'size':>5} | {'flat p50':>9} {'shared B':>9} {'calls/rank':>10}"
+        f" | {'hier p50':>9} {'shared B':>9} {'calls/node':>10} {'local/rank':>10}"
+        f" | {'bytes h/f':>9} {'calls h/f':>9} ok"
+    )
+    lines = [f"{nodes} simulated nodes: shared-directory bytes written per op (all ranks) and calls", header]
+    lines.append("-" * len(header))
+    for (world, op, nbytes), pair in cells.items():
+        flat, hier = pair.get("flat"), pair.get("hier")
+        if flat is None or hier is None:
+            continue
+        flat_bytes = flat.fs_calls_by_kind.get("bytes", 0.0) * world
+        hier_bytes = hier.fs_calls_by_kind.get("bytes", 0.0) * world
+        flat_calls = _fs_total(flat)
+        hier_calls = _fs_total(hier) * world / nodes
+        ratio_bytes = f"{hier_bytes / flat_bytes:9.2f}" if flat_bytes else f"{'-':>9}"
+        ratio_calls = f"{hier_calls / flat_calls:9.2f}" if flat_calls else f"{'-':>9}"
+        ok = "ok" if flat.verified and hier.verified else "FAILED"
+        lines.append(
+            f"{world:>5} {op:<14} {format_size(nbytes):>5} | {_time(flat.p50_s):>9} {_bytes(flat_bytes):>9}"
+            f" {flat_calls:10.1f} | {_time(hier.p50_s):>9} {_bytes(hier_bytes):>9} {hier_calls:10.1f}"
+            f" {_fs_total(hier, 'local '):10.1f} | {ratio_bytes} {ratio_calls} {ok}"
+        )
+    lines.append(
+        "shared B = bytes written to the shared directory per op, all ranks together; calls/rank (flat) and "
+        "calls/node (hier) = shared-directory filesystem calls per op; local/rank = node-local calls per op "
+        "per rank; h/f = hier / flat (bytes: totals; calls: per node against per rank)"
+    )
+    return "\n".join(lines)
+
+
+def _bytes(count: float) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if count >= scale:
+            return f"{count / scale:.1f}{unit}"
+    return f"{count:.0f}"
 
 
 def _time(seconds: float) -> str:
@@ -143,6 +185,10 @@ def _flat(row: Row) -> dict[str, Any]:
     by_kind = flat.pop("fs_calls_by_kind")
     flat["fs_calls_per_op"] = sum(by_kind.get(kind, 0.0) for kind in REMOTE_KINDS)
     flat.update({f"fs_{kind}": by_kind.get(kind, 0.0) for kind in KINDS})
+    flat["fs_bytes_written_per_op"] = by_kind.get("bytes", 0.0)
+    # bench --nodes: the node-local directory's apart (0 otherwise: everything counts as shared)
+    flat["local_calls_per_op"] = sum(by_kind.get("local " + kind, 0.0) for kind in REMOTE_KINDS)
+    flat["local_bytes_written_per_op"] = by_kind.get("local bytes", 0.0)
     return flat
 
 
