@@ -54,7 +54,8 @@ class RankPool:
         ``init_method``: how the ranks form the group, one of INIT_METHODS.
         ``nodes``: simulated nodes, as ranks per node (``(3, 1)``: ranks 0–2 on node 0, rank 3 on
         node 1): each node's ranks get its FSDIST_NODE_ID and a node-local directory of its own
-        (``.node<k>`` in the run directory), as on machines of their own."""
+        (``node<k>`` in a fresh folder on /dev/shm: memory, as by default), as on machines of
+        their own."""
         if init_method not in INIT_METHODS:
             raise ValueError(f"init_method {init_method!r}: expected one of {sorted(INIT_METHODS)}")
         self.world_size = world_size
@@ -71,11 +72,14 @@ class RankPool:
         port = _free_port() if init_method == "tcp" else 0
         rank_envs = [dict(env or {}) for _ in range(world_size)]
         self.node_dirs: list[str] = []
+        self._node_root: str | None = None
         if nodes is not None:
             if sum(nodes) != world_size:
                 raise ValueError(f"nodes {nodes} do not hold {world_size} ranks")
             node_of = [node for node, count in enumerate(nodes) for _ in range(count)]
-            self.node_dirs = [os.path.join(self.directory, f".node{node}") for node in range(len(nodes))]
+            shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+            self._node_root = tempfile.mkdtemp(prefix="fsdist-test-nodes-", dir=shm)
+            self.node_dirs = [os.path.join(self._node_root, f"node{node}") for node in range(len(nodes))]
             for path in self.node_dirs:
                 os.mkdir(path, 0o700)
             for rank, node in enumerate(node_of):
@@ -177,8 +181,7 @@ class RankPool:
             remaining += [f"{os.path.basename(d)}/{n}" for d in self.node_dirs for n in sorted(os.listdir(d))]
         finally:
             self.kill()
-        node_dirs = {os.path.basename(d) for d in self.node_dirs}
-        leftovers = [n for n in remaining if n != "fsdist-rendezvous.json" and n not in node_dirs]
+        leftovers = [n for n in remaining if n != "fsdist-rendezvous.json"]
         if leftovers:
             raise AssertionError(f"destroy_process_group left files behind: {leftovers}")
         return remaining
@@ -201,6 +204,8 @@ class RankPool:
             subprocess.run(["umount", "-l", self.directory], check=False)
             self._mounted = False
         shutil.rmtree(self.directory, ignore_errors=True)
+        if self._node_root is not None:
+            shutil.rmtree(self._node_root, ignore_errors=True)
 
 
 #: How a pool's ranks may form their group: each is a way users start fsdist jobs.

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import functools
 import itertools
+import threading
 import time
+from dataclasses import dataclass
 
 import pytest
 import torch
 
 from fsdist import collectives as coll
+from fsdist.collectives import hierarchical as hier
 from fsdist.collectives.reduce_ops import ReduceKind, Reduction
 from fsdist.errors import DesyncError
+from fsdist.job.nodes import Nodes
 from fsdist.transport.memory import MemoryChannel, MemoryWorld
 
 from reference import OPS, PREMUL_FACTOR, make_input, mismatch, reduce_reference, supported
@@ -203,3 +207,117 @@ def test_every_rank_gets_the_same_bits_and_nobody_leaves_a_barrier_early(world: 
     results = MemoryWorld(world).run(body)
     for rank, bits in enumerate(results):
         assert bits == results[0], f"rank {rank} got other bits than rank 0"
+
+
+# ---- two tiers (collectives/hierarchical.py) over one MemoryWorld per node and one for the leaders
+
+#: ranks per node: even, odd, a one-rank node, all one-rank nodes (no node tiers), one node (no
+#: leaders' tier), and 4 or 5 leaders (their tier by doubling for small all_reduces and barriers)
+LAYOUTS = [(2, 2), (3, 1), (1, 3), (2, 3, 1, 2, 1), (1, 1, 1), (4,), (2, 2, 2, 2)]
+
+
+@dataclass
+class _Tiers:
+    """One rank's TieredChannel over memory channels."""
+
+    rank: int
+    size: int
+    nodes: Nodes
+    local: MemoryChannel | None
+    cross: MemoryChannel | None
+
+    def enter(self, seq: int, description: str) -> None:
+        for channel in (self.local, self.cross):
+            if channel is not None:
+                channel.enter(seq, description)
+
+
+def _run_tiered(layout: tuple[int, ...], body) -> list[list[str]]:
+    """``body(tiers, failures)`` on one thread per rank of ``layout``; each rank's failures."""
+    nodes = Nodes.of([f"node{k}" for k, count in enumerate(layout) for _ in range(count)])
+    node_worlds = [MemoryWorld(len(ranks)) if len(ranks) > 1 else None for ranks in nodes.members]
+    leaders = MemoryWorld(len(nodes.members)) if len(nodes.members) > 1 else None
+    worlds = [w for w in (*node_worlds, leaders) if w is not None]
+    results: list[list[str]] = [[] for _ in range(nodes.size)]
+    errors: list[BaseException] = []
+
+    def rank_main(rank: int) -> None:
+        node = nodes.node_of[rank]
+        here = node_worlds[node]
+        local = MemoryChannel(here, nodes.local_rank(rank)) if here is not None else None
+        cross = MemoryChannel(leaders, node) if leaders is not None and rank == nodes.leader(node) else None
+        try:
+            body(_Tiers(rank, nodes.size, nodes, local, cross), results[rank])
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            errors.append(exc)
+            for world in worlds:  # wake every other rank: the test fails, not hangs
+                with world.lock:
+                    world.aborted = world.aborted or f"rank {rank}: {exc}"
+                    world.wake_all()
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(nodes.size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_two_tier_algorithms_against_references(layout: tuple[int, ...]) -> None:
+    world = sum(layout)
+
+    def body(h: _Tiers, failures: list[str]) -> None:
+        seq, rank = 0, h.rank
+
+        def enter(what: str) -> None:
+            nonlocal seq
+            seq += 1
+            h.enter(seq, what)
+
+        for op in OPS:
+            for dtype, shape in _cases(op, [(), (0,), (7,), LARGE]):
+                inputs = _inputs(world, 1, shape, dtype, op)
+                enter(f"all_reduce {op} {dtype} {shape}")
+                tensors = [inputs[rank].clone(), inputs[(rank + 1) % world].clone()]  # coalesced: two
+                hier.all_reduce(h, tensors, _reduction(op))
+                _note(failures, f"all_reduce {op} {dtype} {shape}", tensors[0], reduce_reference(inputs, op))
+                rolled = [inputs[(r + 1) % world] for r in range(world)]
+                _note(failures, f"all_reduce {op} {dtype} {shape} #1", tensors[1], reduce_reference(rolled, op))
+        for op in ("SUM", "MAX", "AVG", "BXOR"):
+            dtype = torch.int64 if op == "BXOR" else torch.float64
+            for root in range(world):
+                inputs = _inputs(world, 2, (5,), dtype, op)
+                enter(f"reduce {op} {root}")
+                tensor = inputs[rank].clone()
+                hier.reduce(h, tensor, root, _reduction(op))
+                expected = reduce_reference(inputs, op) if rank == root else inputs[rank]
+                _note(failures, f"reduce {op} root {root}", tensor, expected)
+            pieces = [[_inputs(world, 3 + k, (3,), dtype, op)[r] for k in range(world)] for r in range(world)]
+            enter(f"reduce_scatter {op}")
+            outputs = [torch.empty(3, dtype=dtype), torch.empty(3, dtype=dtype)]
+            hier.reduce_scatter(h, outputs, [pieces[rank], list(reversed(pieces[rank]))], _reduction(op))
+            mine = [pieces[r][rank] for r in range(world)]
+            _note(failures, f"reduce_scatter {op}", outputs[0], reduce_reference(mine, op))
+            theirs = [pieces[r][world - 1 - rank] for r in range(world)]
+            _note(failures, f"reduce_scatter {op} #1", outputs[1], reduce_reference(theirs, op))
+        for root in range(world):
+            inputs = _inputs(world, 4, (6,), torch.float32)
+            enter(f"broadcast {root}")
+            tensors = [inputs[rank].clone(), inputs[rank][:2].clone()]
+            hier.broadcast(h, tensors, root)
+            _note(failures, f"broadcast root {root}", tensors[0], inputs[root])
+            _note(failures, f"broadcast root {root} #1", tensors[1], inputs[root][:2])
+        inputs = _inputs(world, 5, (4,), torch.int32)
+        enter("all_gather")
+        outputs = [[torch.empty(4, dtype=torch.int32), torch.empty(2, dtype=torch.int32)] for _ in range(world)]
+        hier.all_gather(h, outputs, [inputs[rank], inputs[rank][1:3] * 2])
+        for r in range(world):
+            _note(failures, f"all_gather from {r}", outputs[r][0], inputs[r])
+            _note(failures, f"all_gather from {r} #1", outputs[r][1], inputs[r][1:3] * 2)
+        enter("barrier")
+        hier.barrier(h)
+
+    _check(_run_tiered(layout, body))

@@ -28,6 +28,7 @@ import pytest
 
 import cases_collectives
 import cases_p2p
+import cases_tiers
 import cases_training
 from harness import RankError, RankPool
 
@@ -101,6 +102,27 @@ def test_strict_gluster_two_mounts(strict_pool: RankPool, case, args) -> None:
 
 def test_strict_gluster_ddp(strict_pool: RankPool) -> None:
     assert max(strict_pool.run(cases_training.ddp_matches_reference, "plain")) <= 1e-6
+
+
+def test_strict_gluster_two_nodes_in_two_tiers(gluster: str) -> None:
+    """Node 0's ranks on mount A, node 1's on mount B, each node's tier on /dev/shm: the leaders
+    meet across the two clients, everyone else only on their own node."""
+    pool = _split_pool(gluster, "strict", nodes=(2, 2))
+    try:
+        assert all(seen["node_tier"] and seen["leaders_tier"] for seen in pool.run(cases_tiers.tiers_in_use))
+        for case, args in [
+            (cases_collectives.all_reduce, ("SUM", "float32")),
+            (cases_collectives.all_reduce, ("BXOR", "int64")),
+            (cases_collectives.reduce, ("MAX", "float32")),
+            (cases_collectives.reduce_scatter, ("SUM", "float32")),
+            (cases_collectives.broadcast, ("float32",)),
+            (cases_collectives.all_gather, ("bfloat16",)),
+            (cases_collectives.barrier_and_ordering, ()),
+        ]:
+            _no_failures(pool.run(case, *args))
+        assert max(pool.run(cases_training.ddp_matches_reference, "plain")) <= 1e-6
+    finally:
+        pool.close()
 
 
 def test_default_gluster_is_refused_with_the_fix(gluster: str) -> None:

@@ -2,7 +2,9 @@
 
 Each layout is a pool whose ranks carry a node id and a node-local directory of their own
 (harness.py ``nodes``): (2, 2) and (2, 3) are even and odd nodes, (3, 1) a node with one rank
-(its leader alone, no node tier), (2, 2, 2, 2) four leaders (the leaders' tier by doubling).
+(its leader alone, no node tier). Four leaders and more (their tier by doubling) run in
+milliseconds in tests/test_algorithms.py over memory channels, and on 8 and 16 processes in
+tests/scale (`make test-scale`).
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from harness import RankPool
 from test_collectives import _check
 from test_status import _while_held_up
 
-LAYOUTS = [(2, 2), (2, 3), (3, 1), (2, 2, 2, 2)]
+LAYOUTS = [(2, 2), (2, 3), (3, 1)]
 #: every reduce op once, on a float and an integer dtype between them
 REDUCTIONS = [
     ("SUM", "float32"), ("AVG", "float32"), ("PREMUL_SUM", "float32"), ("MIN", "float32"),
     ("PRODUCT", "int64"), ("MAX", "int64"), ("BAND", "int64"), ("BOR", "int64"), ("BXOR", "int64"),
     ("SUM", "int64"), ("SUM", "bfloat16"),
 ]  # fmt: skip
-SMALL_LAYOUTS = LAYOUTS[:3]  # the 8-rank layout runs fewer cases (8 ranks on 2 cores are slow)
+SMALL_LAYOUTS = LAYOUTS
 #: each reduction on one layout, in turn: every op and every layout is covered, not their product
 #: (the flat suite has the full matrix; what the tiers add is the same on every op)
 SPREAD = [(SMALL_LAYOUTS[i % len(SMALL_LAYOUTS)], op, dtype) for i, (op, dtype) in enumerate(REDUCTIONS)]
@@ -55,7 +57,13 @@ def test_all_reduce(pool_factory, layout, op: str, dtype: str) -> None:
     _check(_pool(pool_factory, layout).run(cases.all_reduce, op, dtype), same_on_all_ranks=True)
 
 
-@pytest.mark.parametrize("layout,op,dtype", [c for c in SPREAD if c[2] != "bfloat16"], ids=str)
+#: reduce and reduce_scatter visit every root and shape: six reductions, two per layout
+ROOTED = [
+    (layout, op, dtype) for layout, op, dtype in SPREAD if op in ("SUM", "AVG", "PREMUL_SUM", "PRODUCT", "MAX", "BXOR")
+]
+
+
+@pytest.mark.parametrize("layout,op,dtype", [c for c in ROOTED if c[2] != "bfloat16"], ids=str)
 def test_reduce_and_reduce_scatter(pool_factory, layout, op: str, dtype: str) -> None:
     pool = _pool(pool_factory, layout)
     _check(pool.run(cases.reduce, op, dtype), same_on_all_ranks=False)
@@ -178,3 +186,11 @@ def test_two_launchers_with_their_own_node_ids_run_as_two_machines(tmp_path) -> 
             line = f"rank {2 * node + local_rank} node node{node} sum 6 node tier True"
             assert line in out, f"node {node}: {out + err}"
         assert os.listdir(tmp_path / f"node{node}") == [], "the node tier was left behind"
+
+
+def test_forced_two_tiers_on_one_node_and_forced_flat_across_nodes(pool_factory) -> None:
+    """FSDIST_ALGO=hier on one machine: a node tier only (no leaders' tier); =flat across nodes."""
+    for pool, algo in [(pool_factory(3), "hier"), (_pool(pool_factory, (2, 2)), "flat")]:
+        results = pool.run(cases_tiers.a_few_ops, algo)
+        failures = [f"rank {rank}: {f}" for rank, res in enumerate(results) for f in res]
+        assert not failures, "\n".join(failures[:20])

@@ -41,3 +41,11 @@ def test_large_worlds_flat_and_in_two_tiers(pool_factory, world: int, nodes, alg
     results = pool_factory(world, "fsdist", nodes).run(cases_tiers.a_few_ops, algo, timeout=600)
     failures = [f"rank {rank}: {f}" for rank, res in enumerate(results) for f in res]
     assert not failures, "\n".join(failures[:20])
+
+
+def test_four_leaders_tiers_in_use_and_flat_bits_where_exact(pool_factory) -> None:
+    pool = pool_factory(8, "fsdist", (2, 2, 2, 2))
+    assert all(seen["node_tier"] and seen["leaders_tier"] for seen in pool.run(cases_tiers.tiers_in_use))
+    results = pool.run(cases_tiers.flat_and_tiered_agree, timeout=600)
+    failures = [f"rank {rank}: {f}" for rank, res in enumerate(results) for f in res]
+    assert not failures, "\n".join(failures[:20])
