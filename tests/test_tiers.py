@@ -194,3 +194,43 @@ def test_forced_two_tiers_on_one_node_and_forced_flat_across_nodes(pool_factory)
         results = pool.run(cases_tiers.a_few_ops, algo)
         failures = [f"rank {rank}: {f}" for rank, res in enumerate(results) for f in res]
         assert not failures, "\n".join(failures[:20])
+
+
+CRASH_SCRIPT = """
+import os, sys, torch, torch.distributed as dist
+rank, mode, run = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("fsdist", init_method=f"fsdist://{run}", rank=rank, world_size=4)
+x = torch.ones(3)
+dist.all_reduce(x)
+print(sorted(os.listdir(os.environ["FSDIST_LOCAL_DIR"])), flush=True)
+dist.barrier()
+if mode == "crash":
+    os._exit(3)  # no shutdown: the generation and its node tiers stay behind
+dist.destroy_process_group()
+"""
+
+
+def test_a_crashed_jobs_node_tiers_go_when_the_next_job_starts(tmp_path) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(CRASH_SCRIPT)
+    locals_ = [tmp_path / "node0", tmp_path / "node1"]
+    for local in locals_:
+        local.mkdir(mode=0o700)
+
+    def job(mode: str) -> list[str]:
+        procs = []
+        for rank in range(4):
+            env = {**os.environ, "FSDIST_NODE_ID": f"node{rank // 2}", "FSDIST_LOCAL_DIR": str(locals_[rank // 2])}
+            command = [sys.executable, str(script), str(rank), mode, str(tmp_path / "run")]
+            procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        outs = [proc.communicate(timeout=120) for proc in procs]
+        for rank, (proc, (out, err)) in enumerate(zip(procs, outs, strict=True)):
+            assert proc.returncode == (3 if mode == "crash" else 0), f"rank {rank}: {out + err}"
+        return [out for out, _ in outs]
+
+    job("crash")
+    left = [os.listdir(local) for local in locals_]
+    assert all(len(names) == 1 and names[0].startswith("fsdist-") for names in left), left
+    for out in job("ok"):  # each rank sees only its new generation's tier: the crashed one's is gone
+        assert len(eval(out.strip())) == 1 and eval(out.strip()) != left[0] and eval(out.strip()) != left[1], out
+    assert [os.listdir(local) for local in locals_] == [[], []]

@@ -22,6 +22,7 @@ from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
 from ..protocol import layout
 from ..protocol.rendezvous_record import conflict_message, parse
+from .clean import remove_node_tiers
 from .generation import Generation
 from .judge import judge_previous, new_generation
 from .liveness import Identity
@@ -96,6 +97,7 @@ def confirm(
                 state = parse(record.read())
             member = state.get("members", {}).get(str(rank), {})
             if state.get("generation") == generation_id and member.get("nonce") == nonce:
+                remove_node_tiers(state.get("replaced", []))  # what the dead generations left on this node
                 identities = [Identity.from_json(state["members"][str(r)]) for r in range(state["world_size"])]
                 directory = layout.generation_dir(root, generation_id)
                 return Generation(root, generation_id, directory, rank, state["world_size"], identities)

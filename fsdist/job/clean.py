@@ -1,9 +1,16 @@
-"""``fsdist clean``: remove what a dead job left in a run directory, never a live job's files."""
+"""``fsdist clean``: remove what a dead job left in a run directory, never a live job's files.
+
+Also what its two-tier groups left on this node (``remove_node_tiers``): a generation replaced
+or cleaned takes this node's tier directories with it; other nodes remove theirs when their
+ranks join the generation that replaced it (the record names it: ``replaced``).
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
+from ..defaults import local_dir
 from ..errors import RendezvousError
 from ..files.io import remove_tree
 from ..files.locks import LockedRecord
@@ -11,7 +18,7 @@ from ..protocol import layout
 from ..protocol.rendezvous_record import parse
 from .liveness import Identity, is_alive
 
-__all__ = ["clean"]
+__all__ = ["clean", "remove_node_tiers"]
 
 
 def clean(root: str, force: bool = False) -> list[str]:
@@ -42,7 +49,23 @@ def clean(root: str, force: bool = False) -> list[str]:
                 if layout.is_generation_dir(name):
                     remove_tree(os.path.join(root, name))
                     removed.append(name)
+            remove_node_tiers(layout.generation_id_of(name) for name in removed)
             return b""
 
         record.update(wipe)
     return removed
+
+
+def remove_node_tiers(generation_ids: Iterable[str]) -> None:
+    """Remove this node's tier directories of these (dead) generations from its local directory."""
+    prefixes = tuple(layout.node_tier_prefix(g) for g in generation_ids if g)
+    if not prefixes:
+        return
+    local = local_dir()
+    try:
+        names = os.listdir(local)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(prefixes):
+            remove_tree(os.path.join(local, name))

@@ -15,7 +15,8 @@ from typing import Any
 from ..errors import RendezvousError
 from ..files.io import make_private_dir, remove_tree
 from ..protocol import layout
-from ..protocol.rendezvous_record import FORMAT
+from ..protocol.rendezvous_record import FORMAT, MAX_REPLACED
+from .clean import remove_node_tiers
 from .liveness import Identity, is_alive
 
 log = logging.getLogger(__name__)
@@ -70,10 +71,14 @@ def staying(member: dict[str, Any]) -> bool:
 def new_generation(root: str, world_size: int, previous: dict[str, Any]) -> dict[str, Any]:
     """Start a fresh generation and delete what dead generations left in ``root``."""
     generation = secrets.token_hex(8)
-    for name in os.listdir(root):
-        if layout.is_generation_dir(name):
-            remove_tree(os.path.join(root, name))
+    replaced = [layout.generation_id_of(name) for name in os.listdir(root) if layout.is_generation_dir(name)]
+    for name in replaced:
+        remove_tree(layout.generation_dir(root, name))
+    remove_node_tiers(replaced)  # this node's; the others' when their ranks join (``replaced``)
     if previous:
         log.warning("fsdist: replacing dead generation %s in %s", previous.get("generation"), root)
     make_private_dir(layout.generation_dir(root, generation))
-    return {"format": FORMAT, "generation": generation, "world_size": world_size, "members": {}, "complete": False}
+    state = {"format": FORMAT, "generation": generation, "world_size": world_size, "members": {}, "complete": False}
+    if replaced:
+        state["replaced"] = sorted(replaced)[:MAX_REPLACED]
+    return state

@@ -38,6 +38,7 @@ from ..protocol.rendezvous_record import (
     parse,
     retire_own_stale_entries,
 )
+from .clean import remove_node_tiers
 from .generation import Generation
 from .judge import judge, new_generation, staying
 from .liveness import Identity, this_process
@@ -145,6 +146,7 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
     finally:
         record.close()
     rank = slot
+    remove_node_tiers(final.get("replaced", []))  # what the dead generations left on this node
     members = [Identity.from_json(final["members"][str(r)]) for r in range(world_size)]
     directory = layout.generation_dir(root, final["generation"])
     log.debug("rank %d joined generation %s in %s", rank, final["generation"], root)

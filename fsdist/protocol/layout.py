@@ -47,6 +47,7 @@ __all__ = [
     "error_file",
     "filename_to_key",
     "generation_dir",
+    "generation_id_of",
     "group_dir",
     "groups_dir",
     "heartbeat_file",
@@ -55,6 +56,7 @@ __all__ = [
     "key_to_filename",
     "message_name",
     "node_group_dir",
+    "node_tier_prefix",
     "p2p_doorbell_file",
     "p2p_name",
     "spare_name",
@@ -91,6 +93,11 @@ def is_generation_dir(name: str) -> bool:
     return name.startswith(_GENERATION)
 
 
+def generation_id_of(name: str) -> str:
+    """The generation id in a generation folder's name (``gen-<id>``)."""
+    return name.removeprefix(_GENERATION)
+
+
 def heartbeat_file(generation: str, rank: int) -> str:
     return os.path.join(generation, f"heartbeat.r{rank}")
 
@@ -112,7 +119,12 @@ def group_dir(generation: str, group_name: str, incarnation: int) -> str:
 def node_group_dir(local: str, generation_id: str, group: str) -> str:
     """A group's node tier on this node: in ``local`` (the node's own directory), named by the
     generation and the group's folder, so no other job or group on the node shares it."""
-    return os.path.join(local, f"fsdist-{generation_id}-{os.path.basename(group)}")
+    return os.path.join(local, node_tier_prefix(generation_id) + os.path.basename(group))
+
+
+def node_tier_prefix(generation_id: str) -> str:
+    """What the names of a generation's node tiers begin with (to remove them all)."""
+    return f"fsdist-{generation_id}-"
 
 
 def state_file(group: str, rank: int) -> str:

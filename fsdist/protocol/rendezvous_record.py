@@ -6,7 +6,8 @@ One JSON object, read and written only under an fcntl lock (job/ does the lockin
      "members": {"<rank>": {"host": str, "pid": int, "start_time": int, "machine": str,
                             "node": str, "nonce": str, "client"?: str, "fs_hazard"?: str,
                             "fs_local_hazard"?: str, "left"?: bool, "refused"?: str, ...}},
-     "conflict"?: "<why every member must fail>"}
+     "conflict"?: "<why every member must fail>",
+     "replaced"?: ["<16 hex>", ...]}   dead generations this one replaced (their node tiers go too)
 
 An empty file means "no job". JSON, never pickle: the directory is shared with other users, so
 ``parse`` checks every field it relies on and names the file's fault instead of failing later
@@ -31,6 +32,9 @@ class CorruptRecordError(RendezvousError, ProtocolError):
 
 
 FORMAT = 1
+#: at most this many replaced generation ids are recorded (a directory holds one generation at a
+#: time; more than one is left only by crashes during a replacement)
+MAX_REPLACED = 16
 _GENERATION_ID = re.compile(r"[0-9a-f]{16}")
 _MEMBER_FIELDS = {"host": str, "pid": int, "start_time": int, "nonce": str}
 _OPTIONAL_FIELDS = {"machine": str, "node": str, "left": bool, "refused": str, "client": str, "fs_hazard": str}
@@ -60,6 +64,11 @@ def _problem(state: dict[str, Any]) -> str | None:
         return "world_size"
     if type(state.get("complete")) is not bool or not isinstance(state.get("conflict", ""), str):
         return "complete or conflict"
+    replaced = state.get("replaced", [])
+    if not (isinstance(replaced, list) and len(replaced) <= MAX_REPLACED):
+        return "replaced"
+    if not all(isinstance(g, str) and _GENERATION_ID.fullmatch(g) for g in replaced):
+        return "replaced"
     members = state.get("members")
     if not isinstance(members, dict):
         return "members"
