@@ -8,6 +8,7 @@ which is as slow as writing a fresh file.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import torch
 
@@ -79,23 +80,31 @@ def _check_part(
 
 
 def reduce_into_own(
-    t: CollectiveChannel, step: int, part: int, reduction: Reduction, own: torch.Tensor, byte_offset: int | None = None
-) -> None:
+    t: CollectiveChannel, step: int, part: int, reduction: Reduction, own: torch.Tensor, byte_offset: int | None = None,
+    locate: Callable[[int], tuple[int, int | None]] | None = None,
+) -> None:  # fmt: skip
     """``own <- x_0 (op) x_1 (op) ... (op) x_{N-1}`` in rank order, where x_{rank} is ``own`` itself.
 
     ``own`` must be free to overwrite once it has been combined (already published, or not
     needed by anyone else): the result lands in it with no final copy. Rank 0 accumulates in it
     from the start; rank r > 0 combines the ranks before it in scratch slot 0 (rank 1: just
     x_0, read from its mapping), writes ``prefix (op) own`` into ``own`` (the same operand
-    order as ``acc op= own``) and accumulates the ranks after it there.
+    order as ``acc op= own``) and accumulates the ranks after it there. Each peer's operand is
+    its part ``part`` from ``byte_offset``, or where ``locate(peer)`` says: (part, byte offset).
     """
+
+    def operand(peer: int) -> torch.Tensor:
+        peer_part_index, offset = locate(peer) if locate is not None else (part, byte_offset)
+        return peer_part(t, peer, step, peer_part_index, own, offset)
+
     if t.rank == 1:
-        combine_to(reduction, peer_part(t, 0, step, part, own, byte_offset), own, own)
+        combine_to(reduction, operand(0), own, own)
     elif t.rank > 1:
         prefix = scratch(own, 0)
-        read_part(t, 0, step, part, prefix, byte_offset)
+        first_part, first_offset = locate(0) if locate is not None else (part, byte_offset)
+        read_part(t, 0, step, first_part, prefix, first_offset)
         for rank in range(1, t.rank):
-            combine_into(reduction, prefix, peer_part(t, rank, step, part, own, byte_offset))
+            combine_into(reduction, prefix, operand(rank))
         combine_to(reduction, prefix, own, own)
     for rank in range(t.rank + 1, t.size):
-        combine_into(reduction, own, peer_part(t, rank, step, part, own, byte_offset))
+        combine_into(reduction, own, operand(rank))

@@ -6,9 +6,10 @@ and reduces all N inputs in rank order, in place in its own tensor where the ord
 Per rank: writes S, reads (N-1)·S. At N = 2 this moves fewer bytes than the sliced form
 (S written instead of 1.5·S, S read either way) and saves a round trip.
 
-Sliced (N ≥ 3, large): step 1, every rank publishes its input; step 2, rank i reduces slice i
-of all inputs (reads (N-1)·S/N) and publishes it (writes S/N); then every rank reads the N-1
-other reduced slices ((N-1)·S/N). Per rank: writes S·(1+1/N), reads 2·S·(N-1)/N, independent of N.
+Sliced (N ≥ 3, large): step 1, every rank publishes its input but for its own slice (writes
+(N-1)·S/N: nobody else reads that slice); step 2, rank i reduces slice i of all inputs (reads
+(N-1)·S/N) and publishes it (writes S/N); then every rank reads the N-1 other reduced slices
+((N-1)·S/N). Per rank: writes S, reads 2·S·(N-1)/N, independent of N.
 """
 
 from __future__ import annotations
@@ -32,16 +33,25 @@ def all_reduce(t: CollectiveChannel, tensor: torch.Tensor, reduction: Reduction,
     if t.size >= DOUBLING_MIN_RANKS and tensor.numel() * tensor.element_size() <= DOUBLING_MAX_BYTES:
         all_reduce_doubling(t, [tensor], reduction, first_step)
         return
-    t.publish(first_step, [tensor])
     if t.size == 2 or tensor.numel() * tensor.element_size() < ALLREDUCE_SLICED_MIN_BYTES:
+        t.publish(first_step, [tensor])
         reduce_into_own(t, first_step, 0, reduction, tensor)  # own input published: it takes the result
         finish(reduction, tensor, t.size)
         return
     flat = tensor.view(-1)
     bounds = slice_bounds(flat.numel(), t.size)
     lo, hi = bounds[t.rank]
-    mine = flat[lo:hi]  # published in step 1, so the reduced slice may land in it
-    reduce_into_own(t, first_step, 0, reduction, mine, byte_offset=lo * flat.element_size())
+    # step 1 leaves out this rank's own slice, which only this rank reduces: part 0 is what
+    # comes before it, part 1 what comes after ((N-1)/N·S written instead of S)
+    t.publish(first_step, [flat[:lo], flat[hi:]])
+    mine = flat[lo:hi]  # nobody reads it from here on, so the reduced slice may land in it
+    item = flat.element_size()
+
+    def my_slice_in(peer: int) -> tuple[int, int]:
+        """Where slice ``t.rank`` lies in ``peer``'s step-1 message: (part, byte offset)."""
+        return (0, lo * item) if t.rank < peer else (1, (lo - bounds[peer][1]) * item)
+
+    reduce_into_own(t, first_step, 0, reduction, mine, locate=my_slice_in)
     finish(reduction, mine, t.size)
     t.publish(first_step + 1, [mine])
     for rank, (start, stop) in enumerate(bounds):
