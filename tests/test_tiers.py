@@ -234,3 +234,29 @@ def test_a_crashed_jobs_node_tiers_go_when_the_next_job_starts(tmp_path) -> None
     for out in job("ok"):  # each rank sees only its new generation's tier: the crashed one's is gone
         assert len(eval(out.strip())) == 1 and eval(out.strip()) != left[0] and eval(out.strip()) != left[1], out
     assert [os.listdir(local) for local in locals_] == [[], []]
+
+
+def test_one_node_id_on_two_machines_is_refused_on_every_rank(monkeypatch) -> None:
+    """Two machines given one FSDIST_NODE_ID would wait forever in a node tier that each keeps in
+    its own /dev/shm: every rank of the group refuses, naming the ranks and what to set."""
+    from types import SimpleNamespace
+
+    from fsdist.c10d.backend import _two_tiers
+    from fsdist.job.liveness import Identity
+
+    monkeypatch.delenv("FSDIST_LOCAL_DIR", raising=False)
+    monkeypatch.delenv("FSDIST_ALGO", raising=False)
+    members = [Identity("h", 1, 1, machine=f"boot{r // 2 if r < 2 else r}", node="n0" if r < 2 else f"n{r}")
+               for r in range(4)]  # fmt: skip
+    members[1] = Identity("h2", 1, 1, machine="another-boot", node="n0")
+    generation = SimpleNamespace(members=members, generation_id="0" * 16, heartbeat_path=lambda r: "")
+
+    class Store:
+        def set(self, key: str, value: str) -> None: ...
+
+        def get(self, key: str) -> bytes:
+            return b"hier"
+
+    for rank in range(4):
+        with pytest.raises(ValueError, match=r"ranks 0, 1 of this group count as one node .* FSDIST_NODE_ID"):
+            _two_tiers(Store(), generation, range(4), rank, "/nonexistent/k.0.0", 10.0)  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from .. import collectives as coll
 from ..collectives import hierarchical as hier
-from ..defaults import DEFAULT_TIMEOUT, ENV_ALGO, REDUCE_THREADS, local_dir
+from ..defaults import DEFAULT_TIMEOUT, ENV_ALGO, ENV_LOCAL_DIR, ENV_NODE_ID, REDUCE_THREADS, local_dir
 from ..errors import FsdistError
 from ..files.waiting import Deadline
 from ..job.generation import Generation
@@ -493,6 +493,16 @@ def _two_tiers(
         )
     if not use:
         return None
+    if not os.environ.get(ENV_LOCAL_DIR):  # the default (/dev/shm) is one machine's own
+        for ranks in nodes.members:
+            machines = {generation.members[global_ranks[r]].machine for r in ranks}
+            if len(machines) > 1:  # every rank finds the same, so every rank raises it
+                raise ValueError(
+                    f"ranks {', '.join(str(r) for r in ranks)} of this group count as one node "
+                    f"({generation.members[global_ranks[ranks[0]]].placement!r}) but run on {len(machines)} "
+                    f"machines, whose {local_dir()} they cannot share: give each machine its own "
+                    f"{ENV_NODE_ID}, or point {ENV_LOCAL_DIR} at a directory these ranks do share"
+                )
 
     def watch_of(ranks: Sequence[int]) -> PeerWatch:
         job_ranks = [global_ranks[r] for r in ranks]
