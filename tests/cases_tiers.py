@@ -9,6 +9,8 @@ import torch.distributed as dist
 
 from fsdist.defaults import ENV_ALGO
 
+from cases_errors import _error_text
+
 
 def tiers_in_use() -> dict[str, bool]:
     """Whether this rank's world group keeps a node tier in its node-local directory, and whether
@@ -152,11 +154,3 @@ def one_rank_disagrees_on_the_shape() -> str:
     """Rank 1 (not a leader) reduces 12 elements, every other rank 10."""
     n = 12 if dist.get_rank() == 1 else 10
     return _error_text(lambda: dist.all_reduce(torch.ones(n)))
-
-
-def _error_text(call) -> str:
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - the error text is what the test checks
-        return f"{type(exc).__name__}: {exc}"
-    return "no error"

@@ -81,12 +81,18 @@ def _fs_total(row: Row, where: str = "") -> float:
     return sum(row.fs_calls_by_kind.get(where + kind, 0.0) for kind in REMOTE_KINDS)
 
 
-def nodes_table(rows: list[Row], nodes: int) -> str:
-    """``bench --nodes``: fsdist flat and in two tiers side by side, the shared directory's bytes
-    and calls apart from the node-local ones (on NFS only the shared ones reach the server)."""
+def _by_cell(rows: list[Row]) -> dict[tuple[int, str, int], dict[str, Row]]:
+    """Rows grouped by (world, op, size), each group by backend, in run order."""
     cells: dict[tuple[int, str, int], dict[str, Row]] = {}
     for row in rows:
         cells.setdefault((row.world, row.op, row.nbytes), {})[row.backend] = row
+    return cells
+
+
+def nodes_table(rows: list[Row], nodes: int) -> str:
+    """``bench --nodes``: fsdist flat and in two tiers side by side, the shared directory's bytes
+    and calls apart from the node-local ones (on NFS only the shared ones reach the server)."""
+    cells = _by_cell(rows)
     header = (
         f"{'ranks':>5} {'op':<14} {'size':>5} | {'flat p50':>9} {'shared B':>9} {'calls/rank':>10}"
         f" | {'hier p50':>9} {'shared B':>9} {'calls/node':>10} {'local/rank':>10}"
@@ -135,9 +141,7 @@ def _time(seconds: float) -> str:
 
 def table(rows: list[Row]) -> str:
     """The side-by-side table: per cell fsdist and Gloo, and Gloo time / fsdist time."""
-    cells: dict[tuple[int, str, int], dict[str, Row]] = {}
-    for row in rows:
-        cells.setdefault((row.world, row.op, row.nbytes), {})[row.backend] = row
+    cells = _by_cell(rows)
     header = (
         f"{'ranks':>5} {'op':<14} {'size':>5} | {'fsdist p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9}"
         f" {'fs/op':>6} | {'gloo p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9} | {'speedup':>7} ok"
