@@ -1,5 +1,5 @@
 # Everyday commands. `make demo` and `make test` are the README's two commands.
-.PHONY: demo test test-scale test-torch test-frameworks test-gluster test-nfs lint examples docs bench clean
+.PHONY: demo test test-scale test-fuzz test-torch test-frameworks test-gluster test-nfs lint examples docs bench clean
 
 demo:
 	scripts/demo.sh
@@ -10,6 +10,11 @@ test:
 # worlds of 8 and 16 ranks, flat and in two tiers on simulated nodes (tests/scale; ~2.5 min on 2 cores)
 test-scale:
 	FSDIST_SCALE=1 scripts/test.sh scale
+
+# every on-disk format's parser against 10,000 random, truncated, bit-flipped and oversized
+# inputs per format (tests/test_fuzz.py; `make test` runs 200 each; ~5 min on 2 cores)
+test-fuzz:
+	FSDIST_FUZZ_EXAMPLES=10000 scripts/test.sh test_fuzz.py
 
 # torch's own distributed test suite, every test torch runs for Gloo (285, 91 run), on fsdist at
 # world sizes 2 and 3: 12-30 min each on 2 cores (`make test` runs 20 of them, ~2 min). Tables and

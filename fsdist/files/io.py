@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from ..defaults import DIR_MODE, FILE_MODE
-from ..errors import FsdistError
+from ..errors import FsdistError, ProtocolError
 
 T = TypeVar("T")
 
@@ -104,7 +104,7 @@ def read_exact(fd: int, buffer: memoryview, offset: int, path: str) -> None:
     while done < len(view):
         got = retrying(lambda: os.preadv(fd, [view[done:]], offset + done))
         if got == 0:
-            raise FsdistError(f"{path} ended after {offset + done} bytes; expected {offset + len(view)}")
+            raise ProtocolError(f"{path} ended after {offset + done} bytes; expected {offset + len(view)}")
         done += got
 
 

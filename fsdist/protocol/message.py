@@ -16,6 +16,7 @@ Layout::
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -132,15 +133,25 @@ def parse_header(head: bytes, where: str) -> tuple[int, int, str, list[Part], in
     pos = _FIXED.size
     description = head[pos : pos + desc_len].decode(errors="replace")
     pos += desc_len
+    end = header_len - _CRC.size  # the descriptors lie between the description and the checksum
     parts: list[Part] = []
-    for _ in range(nparts):
+    for index in range(nparts):
+        if pos + _PART.size > end:
+            raise ProtocolError(f"{where}: part {index} of {nparts} lies past the header's end (corrupt header)")
         code, ndim, nbytes, offset = _PART.unpack_from(head, pos)
         pos += _PART.size
+        if pos + ndim * _DIM.size > end:
+            raise ProtocolError(f"{where}: part {index}'s {ndim} dimensions lie past the header's end")
         shape = tuple(_DIM.unpack_from(head, pos + i * _DIM.size)[0] for i in range(ndim))
         pos += ndim * _DIM.size
         if code not in CODE_DTYPE:
             raise ProtocolError(f"{where}: unknown dtype code {code}")
-        parts.append(Part(CODE_DTYPE[code], shape, nbytes, offset))
+        dtype = CODE_DTYPE[code]
+        if min(shape, default=0) < 0 or offset < header_len or nbytes != math.prod(shape) * dtype.itemsize:
+            raise ProtocolError(
+                f"{where}: part {index} ({dtype} {list(shape)}, {nbytes} bytes at {offset}) is inconsistent"
+            )
+        parts.append(Part(dtype, shape, nbytes, offset))
     return seq, tag, description, parts, header_len
 
 

@@ -1,0 +1,219 @@
+"""Every reader of the shared directory against random, truncated, bit-flipped and oversized input.
+
+Whatever another process (or a full disk, or another user) left in a file, a parser answers
+with its format's own error naming the fault, or with a value: never another kind of exception
+(a struct.error, IndexError, UnicodeDecodeError, RecursionError), never a hang, never an
+allocation sized by a field it has not checked. Where a format carries a checksum (a message
+header), a flipped bit is an error, never a different value.
+
+Bounded here (FSDIST_FUZZ_EXAMPLES per test, default 200: ~10 s); `make test-fuzz` runs 10,000
+per format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zlib
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fsdist.c10d.store_rendezvous import _parse_member
+from fsdist.errors import ProtocolError, RendezvousError
+from fsdist.files.locks import Counter
+from fsdist.protocol import failure_report, message, rendezvous_record, state_record
+
+EXAMPLES = int(os.environ.get("FSDIST_FUZZ_EXAMPLES", "200"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
+
+
+def _mutations(valid: bytes) -> st.SearchStrategy[bytes]:
+    """Random bytes; ``valid`` truncated; with bits flipped; with bytes appended or overwritten."""
+    cut = st.integers(0, len(valid)).map(lambda n: valid[:n])
+    flips = st.lists(st.integers(0, max(0, len(valid) * 8 - 1)), min_size=1, max_size=4).map(
+        lambda bits: _flip(valid, bits)
+    )
+    overwrite = st.tuples(st.integers(0, max(0, len(valid) - 1)), st.binary(min_size=1, max_size=16)).map(
+        lambda at: valid[: at[0]] + at[1] + valid[at[0] + len(at[1]) :]
+    )
+    grown = st.binary(min_size=1, max_size=4096).map(lambda extra: valid + extra)
+    return st.one_of(st.binary(max_size=4096), cut, flips, overwrite, grown)
+
+
+def _flip(raw: bytes, bits: list[int]) -> bytes:
+    out = bytearray(raw)
+    for bit in bits:
+        if out:
+            out[(bit // 8) % len(out)] ^= 1 << (bit % 8)
+    return bytes(out)
+
+
+# ---- message (files, inline slots, point-to-point slots) ------------------------------------
+
+_TENSORS = [torch.arange(6, dtype=torch.float32).view(2, 3), torch.tensor(7, dtype=torch.int64), torch.zeros(0)]
+VALID_MESSAGE = b"".join(bytes(b) for b in message.encode(12, 3, "all_reduce SUM float32[2, 3]", _TENSORS, 16))
+
+
+def _with_crc(raw: bytes) -> bytes:
+    """``raw`` with its header checksum made right again, so the checks behind it are reached."""
+    if len(raw) < message._FIXED.size:
+        return raw
+    header_len = message._FIXED.unpack_from(raw)[5]
+    if not message._FIXED.size + message._CRC.size <= header_len <= len(raw):
+        return raw
+    body = raw[: header_len - message._CRC.size]
+    return body + struct.pack("<I", zlib.crc32(body)) + raw[header_len:]
+
+
+def _read_message(raw: bytes) -> None:
+    msg = message.InlineMessage(raw, "fuzz")
+    for index, part in enumerate(msg.parts):
+        dest = torch.empty(part.nbytes, dtype=torch.uint8)
+        msg.read_into(index, dest)
+
+
+@FUZZ
+@given(raw=_mutations(VALID_MESSAGE))
+def test_a_message_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
+    try:
+        msg = message.InlineMessage(raw, "fuzz")
+    except ProtocolError:
+        return
+    # a header that passed its checksum is the one written: same seq, tag, description, parts
+    assert (msg.seq, msg.tag, msg.description) == (12, 3, "all_reduce SUM float32[2, 3]")
+    assert [p.shape for p in msg.parts] == [(2, 3), (), (0,)]
+
+
+@FUZZ
+@given(raw=_mutations(VALID_MESSAGE).map(_with_crc))
+def test_a_message_with_a_forged_checksum_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
+    """Past the checksum (a forger, or a writer's bug): descriptors are still checked one by one."""
+    try:
+        _read_message(raw)
+    except ProtocolError:
+        pass
+
+
+@FUZZ
+@given(raw=_mutations(VALID_MESSAGE), name=st.sampled_from(["file"]))
+def test_a_message_file_is_read_or_refused_with_a_protocol_error(tmp_path_factory, raw: bytes, name: str) -> None:
+    path = tmp_path_factory.mktemp("fuzz") / name
+    path.write_bytes(_with_crc(raw))
+    try:
+        with message.Message(str(path)) as msg:
+            for index, part in enumerate(msg.parts):
+                if 0 <= part.nbytes <= 1 << 20:  # what a reader would ask for: a tensor it owns
+                    msg.read_into(index, torch.empty(part.nbytes, dtype=torch.uint8))
+    except ProtocolError:
+        pass
+    except OSError as exc:
+        pytest.fail(f"an OSError, not a ProtocolError: {exc}")
+
+
+# ---- state records ----------------------------------------------------------------------------
+
+VALID_RECORD = state_record.encode(41, 2, "broadcast float32[4] root=0", 0x1234, state_record.FLAG_CLOSED)
+
+
+@FUZZ
+@given(raw=_mutations(VALID_RECORD + bytes(state_record.POSITION_SIZE - len(VALID_RECORD))))
+def test_a_state_record_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
+    try:
+        state_record.decode(raw, "fuzz")
+    except ProtocolError:
+        pass
+    for seq in (0, 41):
+        try:
+            state_record.find_inline(raw, seq, 1)
+        except ProtocolError:
+            pass
+
+
+@FUZZ
+@given(raw=_mutations(bytes(state_record.PAIR_AREA)), index=st.integers(0, 1 << 40))
+def test_a_pair_area_is_read_or_refused_with_a_protocol_error(raw: bytes, index: int) -> None:
+    try:
+        state_record.decode_pair(raw)
+    except ProtocolError:
+        pass
+    try:
+        found = state_record.find_p2p(raw, index)
+    except ProtocolError:
+        return
+    assert found is None or len(found) <= state_record.INLINE_MAX
+
+
+@FUZZ
+@given(raw=_mutations(Counter.encode(123456789)))
+def test_a_counter_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
+    try:
+        value = Counter.decode(raw)
+    except ProtocolError:
+        return
+    assert isinstance(value, int)
+
+
+# ---- JSON records: rendezvous, failure reports, store members ---------------------------------
+
+_MEMBER = {"host": "h", "pid": 10, "start_time": 5, "nonce": "ab" * 8, "machine": "m", "node": "n"}
+VALID_RENDEZVOUS = json.dumps(
+    {"format": 1, "generation": "0123456789abcdef", "world_size": 2, "complete": True,
+     "members": {"0": _MEMBER, "1": {**_MEMBER, "pid": 11}}, "replaced": ["fedcba9876543210"]}
+).encode()  # fmt: skip
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+def _json_variants(valid: dict) -> st.SearchStrategy[bytes]:
+    """``valid`` with one top-level or member field replaced by arbitrary JSON, or removed."""
+    keys = sorted(valid)
+    replaced = st.tuples(st.sampled_from(keys), _JSON).map(lambda kv: json.dumps({**valid, kv[0]: kv[1]}).encode())
+    removed = st.sampled_from(keys).map(lambda k: json.dumps({n: v for n, v in valid.items() if n != k}).encode())
+    return st.one_of(replaced, removed, _JSON.map(lambda v: json.dumps(v).encode()))
+
+
+@FUZZ
+@given(raw=st.one_of(_mutations(VALID_RENDEZVOUS), _json_variants(json.loads(VALID_RENDEZVOUS))))
+def test_a_rendezvous_record_is_read_or_refused_as_corrupt(raw: bytes) -> None:
+    try:
+        state = rendezvous_record.parse(raw)
+    except rendezvous_record.CorruptRecordError:
+        return
+    if state:  # what parse lets through is what the readers rely on
+        assert isinstance(state["world_size"], int) and isinstance(state["members"], dict)
+        for member in state["members"].values():
+            assert isinstance(member["pid"], int) and isinstance(member["host"], str)
+
+
+VALID_REPORT = failure_report.encode({"rank": 3, "exit_code": 1, "type": "RuntimeError", "message": "x", "time": 1.5})
+
+
+@FUZZ
+@given(raw=st.one_of(_mutations(VALID_REPORT), _json_variants(json.loads(VALID_REPORT))))
+def test_a_failure_report_is_read_or_refused_with_a_value_error(raw: bytes) -> None:
+    try:
+        report = failure_report.parse(raw)
+    except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors too
+        return
+    assert all(isinstance(report.get(k), int) for k in ("rank", "exit_code") if k in report)
+
+
+_STORE_MEMBER = {"format": 1, "world_size": 2, "root": "/r", "host": "h", "pid": 1, "start_time": 2, "machine": "m",
+                 "nonce": "cd" * 8, "node": "n"}  # fmt: skip
+
+
+@FUZZ
+@given(raw=st.one_of(_mutations(json.dumps(_STORE_MEMBER).encode()), _json_variants(_STORE_MEMBER)))
+def test_a_store_member_entry_is_read_or_refused_with_a_rendezvous_error(raw: bytes) -> None:
+    try:
+        member = _parse_member(raw, 1)
+    except RendezvousError:
+        return
+    assert isinstance(member["world_size"], int) and isinstance(member["pid"], int)
