@@ -28,7 +28,9 @@ from fsdist.files.locks import Counter
 from fsdist.protocol import failure_report, message, rendezvous_record, state_record
 
 EXAMPLES = int(os.environ.get("FSDIST_FUZZ_EXAMPLES", "200"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=False)
+FUZZ = settings(  # no example database: nothing written beside the tests
+    max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), database=None
+)
 
 
 def _mutations(valid: bytes) -> st.SearchStrategy[bytes]:
