@@ -76,7 +76,7 @@ def test_every_file_name_of_the_layout_is_in_the_directory_tree() -> None:
     assert tree
     layout = _load_layout()
     placeholders = {"rank": "<rank>", "seq": "<seq>", "step": "<step>", "src": "<src>", "dst": "<dst>",
-                    "index": "<index>", "number": "<n>", "generation_id": "<16 hex>"}  # fmt: skip
+                    "index": "<index>", "number": "<n>", "generation_id": "<16 hex>", "node": "<node>"}  # fmt: skip
     names = []
     for attr in layout.__all__:
         value = getattr(layout, attr)

@@ -168,13 +168,16 @@ dist.destroy_process_group()
 """
 
 
-def test_two_launchers_with_their_own_node_ids_run_as_two_machines(tmp_path) -> None:
+@pytest.mark.parametrize("shared_local_dir", [False, True], ids=["own-local-dirs", "one-local-dir"])
+def test_two_launchers_with_their_own_node_ids_run_as_two_machines(tmp_path, shared_local_dir: bool) -> None:
+    """Also when both nodes keep their tiers in one directory (containers sharing /dev/shm):
+    each node's tier has a name of its own."""
     script = tmp_path / "tiers.py"
     script.write_text(TIERS_SCRIPT)
     launchers = []
     for node in (0, 1):
-        local = tmp_path / f"node{node}"
-        local.mkdir(mode=0o700)
+        local = tmp_path / ("node0" if shared_local_dir else f"node{node}")
+        local.mkdir(mode=0o700, exist_ok=True)
         env = {**os.environ, "FSDIST_NODE_ID": f"node{node}", "FSDIST_LOCAL_DIR": str(local)}
         command = [sys.executable, "-m", "fsdist", "run", "--dir", str(tmp_path / "run"), "--nnodes", "2",
                    "--node-rank", str(node), "--nproc-per-node", "2", str(script)]  # fmt: skip
@@ -185,7 +188,7 @@ def test_two_launchers_with_their_own_node_ids_run_as_two_machines(tmp_path) -> 
         for local_rank in range(2):
             line = f"rank {2 * node + local_rank} node node{node} sum 6 node tier True"
             assert line in out, f"node {node}: {out + err}"
-        assert os.listdir(tmp_path / f"node{node}") == [], "the node tier was left behind"
+        assert os.listdir(tmp_path / ("node0" if shared_local_dir else f"node{node}")) == [], "a node tier was left"
 
 
 def test_forced_two_tiers_on_one_node_and_forced_flat_across_nodes(pool_factory) -> None:

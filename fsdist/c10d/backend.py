@@ -510,7 +510,8 @@ def _two_tiers(
             [generation.members[g] for g in job_ranks], [generation.heartbeat_path(g) for g in job_ranks], ranks
         )
 
-    node_directory = layout.node_group_dir(local_dir(), generation.generation_id, directory)
+    node = nodes.node_of[rank]
+    node_directory = layout.node_group_dir(local_dir(), generation.generation_id, node, directory)
     leaders_directory = os.path.join(directory, layout.LEADERS_DIR)
     return NodeTiers(nodes, rank, node_directory, leaders_directory, watch_of, timeout)
 

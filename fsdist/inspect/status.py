@@ -230,16 +230,17 @@ def _tiers(group: GroupStatus, generation: str, nodes_of: list[str], now: float)
         leader_ranks = [group.ranks[nodes.leader(k)] for k in range(len(nodes.members))]
         tiers.append(_group(f"{group.name} · leaders' tier", leaders, len(leader_ranks), leader_ranks, now))
     here = node_id()
-    local = layout.node_group_dir(local_dir(), generation.removeprefix("gen-"), group.directory)
     node = next((k for k, ranks in enumerate(nodes.members) if nodes_of[group.ranks[ranks[0]]] == here), None)
+    local = layout.node_group_dir(local_dir(), generation.removeprefix("gen-"), node or 0, group.directory)
     if node is not None and os.path.isdir(local):
         node_ranks = [group.ranks[r] for r in nodes.members[node]]
         tiers.append(_group(f"{group.name} · node {here}'s tier", local, len(node_ranks), node_ranks, now))
     if not tiers:
         return tiers
     seen_ranks = {seen.rank for tier in tiers for seen in tier.positions}
+    latest = max((seen.seq for tier in tiers for seen in tier.positions), default=-1)
     for position in group.positions:  # a rank in another node's tier: where it is, is not known here
-        if position.rank not in seen_ranks and not position.closed:
+        if position.rank not in seen_ranks and not position.closed and position.seq <= latest:
             position.seq, position.step, position.description = -1, 0, "(in its node's tier, on its machine)"
     by_rank = {p.rank: p for p in group.positions}
     for tier in tiers:

@@ -19,7 +19,7 @@
           .spare.r<rank>.<n>             a retired message file kept for reuse
           leaders/                       two-tier groups: the leaders' tier (one rank per
                                          node), with the same files as its group folder
-    LOCAL/fsdist-<gen id>-<group folder>/  two-tier groups: one node's tier, with the same files
+    LOCAL/fsdist-<gen id>-n<node>-<group folder>/  two-tier groups: one node's tier, same files
                                          (LOCAL: FSDIST_LOCAL_DIR, default /dev/shm; never shared)
     any folder: .tmp.<name>.<8 hex>      a file being written, renamed to <name> when complete
                                          (the file layer's own convention: files/io.py)
@@ -116,10 +116,12 @@ def group_dir(generation: str, group_name: str, incarnation: int) -> str:
     return os.path.join(groups_dir(generation), f"{key_to_filename(group_name)}.{incarnation}")
 
 
-def node_group_dir(local: str, generation_id: str, group: str) -> str:
-    """A group's node tier on this node: in ``local`` (the node's own directory), named by the
-    generation and the group's folder, so no other job or group on the node shares it."""
-    return os.path.join(local, node_tier_prefix(generation_id) + os.path.basename(group))
+def node_group_dir(local: str, generation_id: str, node: int, group: str) -> str:
+    """Node ``node``'s tier of a group: in ``local`` (the node's own directory), named by the
+    generation, the node's number in the group and the group's folder, so no other job, group or
+    node shares it (nodes may share a ``local``: containers with one /dev/shm, nodes simulated
+    on one machine)."""
+    return os.path.join(local, f"{node_tier_prefix(generation_id)}n{node}-{os.path.basename(group)}")
 
 
 def node_tier_prefix(generation_id: str) -> str:
