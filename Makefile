@@ -12,7 +12,7 @@ test-scale:
 	FSDIST_SCALE=1 scripts/test.sh scale
 
 # every on-disk format's parser against 10,000 random, truncated, bit-flipped and oversized
-# inputs per format (tests/test_fuzz.py; `make test` runs 200 each; ~5 min on 2 cores)
+# inputs per format (tests/test_fuzz.py; `make test` runs 200 each; ~2 min on 2 cores)
 test-fuzz:
 	FSDIST_FUZZ_EXAMPLES=10000 scripts/test.sh test_fuzz.py
 
