@@ -244,7 +244,7 @@ def test_one_node_id_on_two_machines_is_refused_on_every_rank(monkeypatch) -> No
     its own /dev/shm: every rank of the group refuses, naming the ranks and what to set."""
     from types import SimpleNamespace
 
-    from fsdist.c10d.backend import _two_tiers
+    from fsdist.c10d.placement import two_tiers
     from fsdist.job.liveness import Identity
 
     monkeypatch.delenv("FSDIST_LOCAL_DIR", raising=False)
@@ -262,4 +262,4 @@ def test_one_node_id_on_two_machines_is_refused_on_every_rank(monkeypatch) -> No
 
     for rank in range(4):
         with pytest.raises(ValueError, match=r"ranks 0, 1 of this group count as one node .* FSDIST_NODE_ID"):
-            _two_tiers(Store(), generation, range(4), rank, "/nonexistent/k.0.0", 10.0)  # type: ignore[arg-type]
+            two_tiers(Store(), generation, range(4), rank, "/nonexistent/k.0.0", 10.0)  # type: ignore[arg-type]

@@ -28,12 +28,11 @@ import torch.distributed as dist
 
 from .. import collectives as coll
 from ..collectives import hierarchical as hier
-from ..defaults import DEFAULT_TIMEOUT, ENV_ALGO, ENV_LOCAL_DIR, ENV_NODE_ID, REDUCE_THREADS, local_dir
+from ..defaults import DEFAULT_TIMEOUT, REDUCE_THREADS
 from ..errors import FsdistError
 from ..files.waiting import Deadline
 from ..job.generation import Generation
 from ..job.liveness import Heartbeat, PeerWatch
-from ..job.nodes import Nodes
 from ..protocol import layout
 from ..transport.group import GroupTransport
 from ..transport.p2p import Mailbox, PendingReceive
@@ -45,6 +44,7 @@ from .debug import enabled as debug_enabled
 from .debug import log_op, tensor_bytes
 from .describe import describe, reduction_of
 from .intraop import limited
+from .placement import two_tiers
 from .receives import ReceiveLoop
 from .sparse import all_reduce_sparse, is_sparse
 from .staging import Staging
@@ -86,7 +86,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         )
         self._t = GroupTransport(directory, rank, size, watch, timeout.total_seconds())
         #: the node and leaders' tiers, where collectives run in two (None: every one flat)
-        self._tiers = _two_tiers(store, generation, global_ranks, rank, directory, timeout.total_seconds())
+        self._tiers = two_tiers(store, generation, global_ranks, rank, directory, timeout.total_seconds())
         if not owns_generation and rank == 0:  # `fsdist status` maps the group's ranks to the job's
             store.set(layout.GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(list(global_ranks)))
         #: per-operation debug records (FSDIST_DEBUG=1): decided once, so they cost nothing when off
@@ -466,54 +466,6 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     def abort(self) -> None:
         self._abort_all(f"rank {self.rank()} aborted the process group")
         self.shutdown()
-
-
-def _two_tiers(
-    store: DirectoryStore, generation: Generation, global_ranks: Sequence[int], rank: int, directory: str,
-    timeout: float,
-) -> NodeTiers | None:  # fmt: skip
-    """The group's two tiers where its collectives should run in two (``FSDIST_ALGO``), else None.
-
-    Every rank must decide alike, or some would wait in tiers that others never enter: the
-    decision is made from the node ids every rank read from the same rendezvous record, and
-    FSDIST_ALGO (which could differ) is checked against rank 0's through the store.
-    """
-    algo = os.environ.get(ENV_ALGO, "auto")
-    if algo not in ("auto", "flat", "hier"):
-        raise ValueError(f"{ENV_ALGO}={algo!r}: expected auto, flat or hier")
-    nodes = Nodes.of([generation.members[g].placement for g in global_ranks])
-    use = algo == "hier" or (algo == "auto" and nodes.tiers_help())
-    key = layout.GROUP_ALGO_KEY + os.path.basename(directory)
-    if rank == 0:
-        store.set(key, "hier" if use else "flat")
-    elif (decided := store.get(key).decode()) != ("hier" if use else "flat"):
-        raise ValueError(
-            f"rank {rank}: this rank would run the group's collectives {'hier' if use else 'flat'} "
-            f"({ENV_ALGO}={algo}), rank 0 runs them {decided}: set {ENV_ALGO} alike on every rank"
-        )
-    if not use:
-        return None
-    if not os.environ.get(ENV_LOCAL_DIR):  # the default (/dev/shm) is one machine's own
-        for ranks in nodes.members:
-            machines = {generation.members[global_ranks[r]].machine for r in ranks}
-            if len(machines) > 1:  # every rank finds the same, so every rank raises it
-                raise ValueError(
-                    f"ranks {', '.join(str(r) for r in ranks)} of this group count as one node "
-                    f"({generation.members[global_ranks[ranks[0]]].placement!r}) but run on {len(machines)} "
-                    f"machines, whose {local_dir()} they cannot share: give each machine its own "
-                    f"{ENV_NODE_ID}, or point {ENV_LOCAL_DIR} at a directory these ranks do share"
-                )
-
-    def watch_of(ranks: Sequence[int]) -> PeerWatch:
-        job_ranks = [global_ranks[r] for r in ranks]
-        return PeerWatch(
-            [generation.members[g] for g in job_ranks], [generation.heartbeat_path(g) for g in job_ranks], ranks
-        )
-
-    node = nodes.node_of[rank]
-    node_directory = layout.node_group_dir(local_dir(), generation.generation_id, node, directory)
-    leaders_directory = os.path.join(directory, layout.LEADERS_DIR)
-    return NodeTiers(nodes, rank, node_directory, leaders_directory, watch_of, timeout)
 
 
 def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupFsdist:
