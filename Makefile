@@ -1,5 +1,5 @@
 # Everyday commands. `make demo` and `make test` are the README's two commands.
-.PHONY: demo test test-scale test-fuzz test-torch test-frameworks test-gluster test-nfs lint examples docs bench clean
+.PHONY: demo test test-scale test-fuzz test-restarts test-torch test-frameworks test-gluster test-nfs lint examples docs bench clean
 
 demo:
 	scripts/demo.sh
@@ -15,6 +15,12 @@ test-scale:
 # inputs per format (tests/test_fuzz.py; `make test` runs 200 each; ~2 min on 2 cores)
 test-fuzz:
 	FSDIST_FUZZ_EXAMPLES=10000 scripts/test.sh test_fuzz.py
+
+# 20 trials of a 4-rank job (2 launchers x 2) with one rank killed at a random step and
+# --max-restarts 3, each ending as an uninterrupted run (tests/test_restarts.py; `make test`
+# runs 1 trial; measure the time: ~12 s per trial on 2 cores)
+test-restarts:
+	FSDIST_RESTART_TRIALS=20 scripts/test.sh test_restarts.py
 
 # torch's own distributed test suite, every test torch runs for Gloo (285, 91 run), on fsdist at
 # world sizes 2 and 3: 12-30 min each on 2 cores (`make test` runs 20 of them, ~2 min). Tables and

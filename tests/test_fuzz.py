@@ -207,6 +207,24 @@ def test_a_failure_report_is_read_or_refused_with_a_value_error(raw: bytes) -> N
     assert all(isinstance(report.get(k), int) for k in ("rank", "exit_code") if k in report)
 
 
+VALID_ROUNDS = failure_report.add_round(b"", "0123456789abcdef", 3, 0, {"rank": 2, "exit_code": -9, "host": "h"})
+
+
+@FUZZ
+@given(raw=st.one_of(_mutations(VALID_ROUNDS), _json_variants(json.loads(VALID_ROUNDS))))
+def test_a_restart_history_is_read_or_refused_with_a_value_error(raw: bytes) -> None:
+    try:
+        history = failure_report.parse_rounds(raw)
+    except ValueError:
+        return
+    assert isinstance(history["job"], str) and isinstance(history["max_restarts"], int)
+    for entry in history["rounds"]:
+        assert isinstance(entry["round"], int) and entry["round"] >= 0
+        assert all(isinstance(entry.get(k), int) for k in ("rank", "exit_code") if k in entry)
+    # the launchers' update of it never fails either: a damaged history is started afresh
+    assert failure_report.add_round(raw, "another job", 1, 0, {"rank": 0}) is not None
+
+
 _STORE_MEMBER = {"format": 1, "world_size": 2, "root": "/r", "host": "h", "pid": 1, "start_time": 2, "machine": "m",
                  "nonce": "cd" * 8, "node": "n"}  # fmt: skip
 

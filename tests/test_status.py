@@ -149,7 +149,7 @@ def test_status_reads_a_crashed_job_and_watch_repeats(tmp_path) -> None:
     assert world["abort"] == "rank 1: DesyncError: on purpose"
     assert "group 'world' was aborted: rank 1: DesyncError: on purpose" in status["summary"]
     assert status["launcher_failure"]["rank"] == 1
-    assert status["summary"][-1] == "the launcher recorded a failure of rank 1: DesyncError: on purpose"
+    assert status["summary"][-1] == "the launcher recorded a failure of rank 1 (exit code 1): DesyncError: on purpose"
     subprocess.run([sys.executable, "-m", "fsdist", "clean", directory], check=True, capture_output=True)
     shutil.rmtree(os.path.join(directory, ".launch"))
     assert os.listdir(directory) == ["fsdist-rendezvous.json"]

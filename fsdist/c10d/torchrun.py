@@ -10,6 +10,13 @@ TCPStore is never started (``use_agent_store`` is False). The agents export
 (torch's env://) meets there (init_methods.py), as does ``init_method="fsdist://"``. The workers
 also get torch's ``MASTER_PORT=0``: no store is served, and torch's own env:// handler, if forced
 (FSDIST_ENV_INIT=torch), fails at once on it. Elastic ranges (min != max nodes) are not supported.
+
+Restarts (``--max-restarts``): an agent whose workers failed stops them, then asks for a new
+round here. It records its stopped workers as gone in the workers' rendezvous record (agents on
+other machines cannot see those processes die, and would take them for a live job) and raises
+the generation's ``restart`` counter before leaving it. Every other agent reads that counter as
+``num_nodes_waiting``, as torch's own handler reports agents waiting to join, so torch's agent
+restarts its healthy workers at once instead of waiting for them to fail.
 """
 
 from __future__ import annotations
@@ -22,8 +29,11 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from ..defaults import ENV_DIR
+from ..files.locks import Counter
+from ..job.clean import retire_stopped
 from ..job.generation import Generation
 from ..job.rendezvous import rendezvous
+from ..protocol import layout
 from .init_methods import open_store
 
 
@@ -42,6 +52,7 @@ class FsdistRendezvousHandler(RendezvousHandler):
         self._root = os.path.join(os.path.realpath(params.endpoint), params.run_id)
         self._timeout = timedelta(seconds=float(params.get("join_timeout", 600)))
         self._generation: Generation | None = None
+        self._restarts: Counter | None = None  # the generation's restart requests
         self._closed = False
 
     def get_backend(self) -> str:
@@ -52,11 +63,14 @@ class FsdistRendezvousHandler(RendezvousHandler):
         return False  # the workers must not connect to a TCPStore: they use fsdist:// themselves
 
     def next_rendezvous(self) -> RendezvousInfo:
-        if self._generation is not None:
-            self._generation.leave()  # a restart round: form a fresh generation
+        workers = os.path.join(self._root, "workers")
+        if self._generation is not None:  # a restart round: torch's agent stopped our workers
+            retire_stopped(workers)
+            self._requests().add(1)
+            self._leave()
         agents = os.path.join(self._root, "agents")
         self._generation = rendezvous(agents, None, self._params.max_nodes, self._timeout)
-        os.environ[ENV_DIR] = os.path.join(self._root, "workers")  # inherited by the workers
+        os.environ[ENV_DIR] = workers  # inherited by the workers
         store = open_store(self._generation, self._timeout)
         self._store = store  # c10d keeps only the C++ half of a Python store alive
         info = RendezvousStoreInfo("localhost", 0)  # never used: no agent store is served
@@ -69,16 +83,35 @@ class FsdistRendezvousHandler(RendezvousHandler):
         self._closed = True
 
     def num_nodes_waiting(self) -> int:
-        return 0
+        """Agents that left this generation to form a new one (their workers failed)."""
+        if self._generation is None:
+            return 0
+        try:
+            return self._requests().get()
+        except OSError:  # the generation's folder is gone: every other agent left it
+            return 1
 
     def get_run_id(self) -> str:
         return self._params.run_id
 
     def shutdown(self) -> bool:
+        retire_stopped(os.path.join(self._root, "workers"))  # torch's agent stopped them: their node tiers go
+        self._leave()
+        return True
+
+    def _requests(self) -> Counter:
+        assert self._generation is not None
+        if self._restarts is None:
+            self._restarts = Counter(os.path.join(self._generation.directory, layout.RESTART_FILE))
+        return self._restarts
+
+    def _leave(self) -> None:
+        if self._restarts is not None:
+            self._restarts.close()
+            self._restarts = None
         if self._generation is not None:
             self._generation.leave()
             self._generation = None
-        return True
 
 
 def handler_creator() -> Callable[[RendezvousParameters], RendezvousHandler]:

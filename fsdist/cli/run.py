@@ -8,6 +8,14 @@ generation under ``DIR/.launch`` with fsdist's rendezvous. When a rank
 fails, its launcher records the failure (rank, exit code, the rank's traceback) in that
 generation's ``abort`` record, first writer wins; every launcher polls the record, stops its
 own ranks, prints the *first* failure and exits non-zero. No socket is opened anywhere.
+
+With ``--max-restarts N`` a failure ends a *round* instead of the job, as under torchrun: every
+launcher stops its ranks, records them as gone in the job's rendezvous record (launchers on
+other machines cannot see those processes die), leaves, and the launchers form a new generation
+in the same directory and start the script again, with TORCHELASTIC_RESTART_COUNT raised (the
+script resumes from its own checkpoint). Each round's first failure is kept in ``.launch/rounds``
+for ``fsdist status``. A launcher whose ranks all succeeded waits, counted in the round's
+``done`` record, until every launcher's did: a later failure elsewhere restarts its ranks too.
 """
 
 from __future__ import annotations
@@ -24,8 +32,8 @@ from typing import Any
 
 from ..errors import RendezvousError
 from ..files.io import open_file
-from ..files.locks import LockedRecord
-from ..job.clean import clean
+from ..files.locks import Counter, LockedRecord
+from ..job.clean import clean, retire_stopped
 from ..job.generation import Generation
 from ..job.rendezvous import rendezvous
 from ..protocol import failure_report, layout
@@ -49,6 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dir", required=True, help="the shared run directory")
     parser.add_argument(
         "--timeout", type=float, default=1800, help="seconds to wait for the other nodes (default 1800)"
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="restart the whole job this many times after a failure (default 0, as torchrun)",
     )
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
@@ -77,57 +91,129 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
 def run(args: argparse.Namespace) -> int:
     nnodes = args.nnodes or int(os.environ.get("SLURM_NNODES", "1"))
     node_rank = args.node_rank if args.node_rank is not None else int(os.environ.get("SLURM_NODEID", "0"))
+    if args.max_restarts < 0:
+        raise SystemExit("fsdist run: --max-restarts must be 0 or more")
     directory = os.path.realpath(args.dir)
-    world = nnodes * args.nproc_per_node
-    launch = rendezvous(os.path.join(directory, layout.LAUNCH_DIR), node_rank, nnodes, timedelta(seconds=args.timeout))
-    abort = LockedRecord(os.path.join(launch.directory, layout.ABORT_FILE))
-    started = [_start(directory, launch, node_rank, local, args, world) for local in range(args.nproc_per_node)]
     stop_signal: list[int] = []
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda signum, _frame: stop_signal.append(signum))
-    try:
-        failure = _watch(started, abort, stop_signal)
-    finally:
-        ranks.stop([rank.process for rank in started])
-        abort.close()
-    if failure is None:
-        launch.leave()
-        return 0
-    _report(failure)
-    launch.leave()
-    try:  # best effort: remove the failed job's files once no member of it is alive
-        clean(directory)
-    except RendezvousError:
-        pass  # ranks elsewhere still stopping: the next job, or `fsdist clean`, removes them
+    job = ""  # round 0's launch generation: names this job's restart history
+    for restart in range(args.max_restarts + 1):
+        launch = rendezvous(
+            os.path.join(directory, layout.LAUNCH_DIR), node_rank, nnodes, timedelta(seconds=args.timeout)
+        )
+        job = job or launch.generation_id
+        failure = _round(directory, launch, node_rank, nnodes, (job, restart), args, stop_signal)
+        retire_stopped(directory)  # before leaving: the next round's ranks must see them gone
+        if failure is None:
+            launch.leave()
+            return 0
+        _record_round(directory, job, args.max_restarts, restart, failure)
+        last_out = launch.leave()
+        if stop_signal or failure.get("final") or restart == args.max_restarts:
+            break
+        _report(failure, f"restarting the job (restart {restart + 1} of {args.max_restarts})")
+    assert failure is not None  # the loop returns on success
+    _report(failure, f"no restarts left ({args.max_restarts} used)" if args.max_restarts and not stop_signal else "")
+    if last_out:  # every launcher stopped its ranks: remove the failed job's files
+        try:
+            clean(directory)
+        except RendezvousError:
+            pass  # a rank elsewhere outlived its launcher: the next job, or `fsdist clean`, removes them
     return 1
 
 
+def _round(
+    directory: str,
+    launch: Generation,
+    node_rank: int,
+    nnodes: int,
+    job_round: tuple[str, int],
+    args: argparse.Namespace,
+    stop_signal: list[int],
+) -> dict[str, Any] | None:
+    """Run this node's ranks once: None when every launcher's ranks succeeded, else the first failure."""
+    abort = LockedRecord(os.path.join(launch.directory, layout.ABORT_FILE))
+    done = Counter(os.path.join(launch.directory, layout.DONE_FILE))
+    world = nnodes * args.nproc_per_node
+    job, restart = job_round
+    elastic = {  # what torchrun tells its workers: a script resumes by them
+        "TORCHELASTIC_RESTART_COUNT": str(restart),
+        "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
+        "TORCHELASTIC_RUN_ID": job,
+    }
+    started = [
+        _start(directory, launch, node_rank, local, args, world, elastic) for local in range(args.nproc_per_node)
+    ]
+    try:
+        failure = _watch(started, abort, done, nnodes, stop_signal, args.timeout)
+        ranks.stop([rank.process for rank in started])
+        # a root cause found meanwhile may have replaced a consequence first recorded (_claim)
+        return None if failure is None else _parsed(abort.read())
+    finally:
+        ranks.stop([rank.process for rank in started])
+        abort.close()
+        done.close()
+
+
+def _record_round(directory: str, job: str, max_restarts: int, restart: int, failure: dict[str, Any]) -> None:
+    path = os.path.join(directory, layout.LAUNCH_DIR, layout.ROUNDS_FILE)
+    with LockedRecord(path) as rounds:
+        rounds.update(lambda old: failure_report.add_round(old, job, max_restarts, restart, failure))
+
+
 def _start(
-    directory: str, launch: Generation, node_rank: int, local: int, args: argparse.Namespace, world: int
+    directory: str,
+    launch: Generation,
+    node_rank: int,
+    local: int,
+    args: argparse.Namespace,
+    world: int,
+    elastic: dict[str, str],
 ) -> Rank:
     rank = node_rank * args.nproc_per_node + local
     error_file = layout.error_file(launch.directory, rank)
     env = ranks.rank_environment(
-        rank, local, world, args.nproc_per_node, node_rank, directory, FSDIST_ERROR_FILE=error_file
+        rank, local, world, args.nproc_per_node, node_rank, directory, FSDIST_ERROR_FILE=error_file, **elastic
     )
     command = [sys.executable, "-m", "fsdist.cli.run_rank", args.script, *args.script_args]
     return Rank(rank, local, ranks.start(command, env), error_file)
 
 
-def _watch(started: list[Rank], abort: LockedRecord, stop_signal: list[int]) -> dict[str, Any] | None:
-    """Wait until every rank succeeded (None) or the job failed (the first failure)."""
+def _watch(
+    started: list[Rank], abort: LockedRecord, done: Counter, nnodes: int, stop_signal: list[int], timeout: float
+) -> dict[str, Any] | None:
+    """Wait until every launcher's ranks succeeded (None) or the round failed (its first failure).
+
+    Once this node's ranks all succeeded, the other launchers get ``timeout`` seconds to say so.
+    """
+    finished = False
+    deadline = float("inf")
     while True:
         if stop_signal:
-            _claim(abort, {"rank": -1, "reason": f"launcher got signal {stop_signal[0]}"})
+            _claim(abort, {"rank": -1, "reason": f"launcher got signal {stop_signal[0]}", "final": 1})
+        if not finished:  # own ranks first: a dead one here is a root cause, maybe not yet recorded
+            codes = [(rank, rank.process.poll()) for rank in started]
+            failed = [_failure(rank, code) for rank, code in codes if code not in (None, 0)]
+            if failed:
+                return _claim(abort, min(failed, key=_causal_order))
+            if all(code == 0 for _, code in codes):
+                finished = True  # and wait for the other launchers: a failure there restarts us too
+                deadline = time.monotonic() + timeout
+                done.add(1)
         recorded = abort.read()
         if recorded:
             return _parsed(recorded)
-        codes = [(rank, rank.process.poll()) for rank in started]
-        failed = [_failure(rank, code) for rank, code in codes if code not in (None, 0)]
-        if failed:
-            return _claim(abort, min(failed, key=_causal_order))
-        if all(code == 0 for _, code in codes):
-            return None
+        if finished:
+            count = done.get()
+            if count >= nnodes:
+                return None
+            if time.monotonic() > deadline:
+                reason = (
+                    f"this node's ranks succeeded, but {nnodes - count} of {nnodes} launchers did not report "
+                    f"an outcome within {timeout:.0f} s (--timeout): a launcher was killed, or its node hangs"
+                )
+                return _claim(abort, {"rank": -1, "reason": reason, "final": 1})
         time.sleep(POLL_SECONDS)
 
 
@@ -154,9 +240,18 @@ def _causal_order(failure: dict[str, Any]) -> tuple[bool, float]:
 
 
 def _claim(abort: LockedRecord, failure: dict[str, Any]) -> dict[str, Any]:
-    """Record ``failure`` unless another launcher recorded one first; return the first."""
-    final = abort.update(lambda old: None if old else failure_report.encode(failure))
-    return _parsed(final)
+    """Record ``failure`` unless another launcher recorded one first; return the first.
+
+    A root cause replaces a consequence recorded first: a rank that failed *because* a peer
+    died often exits before the peer's own launcher polls the dead process.
+    """
+
+    def first(old: bytes) -> bytes | None:
+        if old and not (_causal_order(_parsed(old))[0] and not _causal_order(failure)[0]):
+            return None
+        return failure_report.encode(failure)
+
+    return _parsed(abort.update(first))
 
 
 def _parsed(recorded: bytes) -> dict[str, Any]:
@@ -166,11 +261,14 @@ def _parsed(recorded: bytes) -> dict[str, Any]:
         return {"rank": -1, "reason": f"the job's failure record is unreadable ({exc})"}
 
 
-def _report(failure: dict[str, Any]) -> None:
+def _report(failure: dict[str, Any], then: str) -> None:
     who = "the launcher" if failure.get("rank", -1) < 0 else f"rank {failure['rank']}"
-    lines = [f"fsdist run: the job failed; the first failure was {who}"]
+    what = "this round" if then.startswith("restarting") else "the job"
+    lines = [f"fsdist run: {what} failed; the first failure was {who}"]
     if "exit_code" in failure:
         lines[0] += f" (exit code {failure['exit_code']} on {failure.get('host', '?')})"
+    if then:
+        lines[0] += f"; {then}"
     if failure.get("type"):
         lines.append(f"{failure['type']}: {failure.get('message', '')}")
     elif failure.get("message") or failure.get("reason"):

@@ -26,7 +26,7 @@ from ..errors import ProtocolError, RendezvousError
 from ..files.locks import Counter, read_locked
 from ..job.liveness import Identity, is_alive, node_id
 from ..job.nodes import Nodes
-from ..protocol import layout, rendezvous_record, state_record
+from ..protocol import failure_report, layout, rendezvous_record, state_record
 from .straggler import RankPosition, Straggler, find_straggler, holding_up, in_step_line, list_ranks
 
 __all__ = ["GroupStatus", "MemberStatus", "RankPosition", "RunStatus", "Straggler", "read_status"]
@@ -72,6 +72,8 @@ class RunStatus:
     members: list[MemberStatus] = field(default_factory=list)
     groups: list[GroupStatus] = field(default_factory=list)
     launcher_failure: dict[str, Any] | None = None
+    #: ``fsdist run --max-restarts``: the job's restart budget and each round's first failure
+    restarts: dict[str, Any] | None = None
     #: ranks that are behind in some group and wait in none: where a chain of waits ends
     holding_up: list[int] = field(default_factory=list)
     summary: list[str] = field(default_factory=list)
@@ -96,6 +98,7 @@ def read_status(directory: str) -> RunStatus:
     status = RunStatus(directory=directory, state="none", time=now)
     raw, _ = read_locked(os.path.join(directory, layout.RENDEZVOUS_FILE))
     status.launcher_failure = _launcher_failure(directory)
+    status.restarts = _restarts(directory)
     try:
         state = rendezvous_record.parse(raw)
     except RendezvousError as exc:
@@ -304,16 +307,47 @@ def _launcher_failure(directory: str) -> dict[str, Any] | None:
         raw, _ = read_locked(os.path.join(launch, name, layout.ABORT_FILE))
         if raw:
             try:
-                return dict(json.loads(raw))
-            except ValueError:
-                return {"reason": raw.decode(errors="replace")}
+                return failure_report.parse(raw)
+            except ValueError as exc:
+                return {"reason": f"unreadable failure record ({exc})"}
     return None
+
+
+def _restarts(directory: str) -> dict[str, Any] | None:
+    """The restart history of the job last run here by ``fsdist run`` (``.launch/rounds``), if any."""
+    raw, _ = read_locked(os.path.join(directory, layout.LAUNCH_DIR, layout.ROUNDS_FILE))
+    if not raw:
+        return None
+    try:
+        return failure_report.parse_rounds(raw)
+    except ValueError as exc:
+        return {"reason": f"unreadable restart history ({exc})"}
 
 
 def _add_failure_line(status: RunStatus) -> None:
     failure = status.launcher_failure
     if failure is not None:
-        who = "the launcher" if int(failure.get("rank", -1)) < 0 else f"rank {failure['rank']}"
-        what = failure.get("type") or ""
-        text = str(failure.get("message") or failure.get("reason") or "")
-        status.summary.append(f"the launcher recorded a failure of {who}: {what + ': ' if what else ''}{text}")
+        status.summary.append(f"the launcher recorded a failure of {_failure_text(failure)}")
+    history = status.restarts
+    if history is None:
+        return
+    if "rounds" not in history:
+        status.summary.append(str(history.get("reason")))
+        return
+    rounds, budget = history["rounds"], history["max_restarts"]
+    restarted = min(len(rounds), budget)
+    status.summary.append(
+        f"fsdist run --max-restarts {budget} (job {history['job']}): restarted {restarted} time"
+        f"{'' if restarted == 1 else 's'}" + (", no restarts left" if len(rounds) > budget else "")
+    )
+    for entry in rounds:
+        status.summary.append(f"  round {entry['round']} ended by {_failure_text(entry)}")
+
+
+def _failure_text(failure: dict[str, Any]) -> str:
+    who = "the launcher" if int(failure.get("rank", -1)) < 0 else f"rank {failure['rank']}"
+    if "exit_code" in failure:
+        who += f" (exit code {failure['exit_code']}" + (f" on {failure['host']})" if "host" in failure else ")")
+    what = failure.get("type") or ""
+    text = str(failure.get("message") or failure.get("reason") or "")
+    return f"{who}: {what + ': ' if what else ''}{text}"

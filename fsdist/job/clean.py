@@ -7,6 +7,7 @@ ranks join the generation that replaced it (the record names it: ``replaced``).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 
@@ -16,9 +17,9 @@ from ..files.io import remove_tree
 from ..files.locks import LockedRecord
 from ..protocol import layout
 from ..protocol.rendezvous_record import parse
-from .liveness import Identity, is_alive
+from .liveness import Identity, is_alive, node_id
 
-__all__ = ["clean", "remove_node_tiers"]
+__all__ = ["clean", "remove_node_tiers", "retire_stopped"]
 
 
 def clean(root: str, force: bool = False) -> list[str]:
@@ -54,6 +55,37 @@ def clean(root: str, force: bool = False) -> list[str]:
 
         record.update(wipe)
     return removed
+
+
+def retire_stopped(root: str) -> None:
+    """Record this machine's dead members of ``root``'s generation as gone.
+
+    A launcher calls this after stopping its ranks: ranks of the next round on other machines
+    cannot check those processes, and would take the generation for a live job. Once no member
+    of this node runs, the node's tiers go. The record keeps naming the generation (every member
+    gone): the next generation replaces it and removes its folder, and every launcher, however
+    late, still learns which node tiers to remove.
+    """
+    path = os.path.join(root, layout.RENDEZVOUS_FILE)
+    if not os.path.exists(path):
+        return
+    with LockedRecord(path) as record:
+
+        def mark(old: bytes) -> bytes | None:
+            state = parse(old)
+            if not state:
+                return None
+            running = [m for m in state["members"].values() if not m.get("left")]
+            alive = [is_alive(Identity.from_json(m)) for m in running]
+            for member, status in zip(running, alive, strict=True):
+                if status is False:
+                    member["left"] = True
+            here = node_id()
+            if not any(s for m, s in zip(running, alive, strict=True) if Identity.from_json(m).placement == here):
+                remove_node_tiers([state["generation"]])  # no rank of this node runs: its tiers are over
+            return json.dumps(state).encode() if False in alive else None
+
+        record.update(mark)
 
 
 def remove_node_tiers(generation_ids: Iterable[str]) -> None:

@@ -20,6 +20,7 @@ from ..files.io import remove_tree, unlink_quietly
 from ..files.locks import LockedRecord
 from ..protocol import layout
 from ..protocol.rendezvous_record import parse
+from .clean import remove_node_tiers
 from .liveness import Identity
 
 log = logging.getLogger(__name__)
@@ -60,15 +61,15 @@ class Generation:
     def heartbeat_path(self, rank: int) -> str:
         return layout.heartbeat_file(self.directory, rank)
 
-    def leave(self) -> None:
+    def leave(self) -> bool:
         """Mark this rank as gone; the last rank out removes the generation and empties the file.
 
         Leaving is recorded in the rendezvous file itself, so a rank that starts the next job
         while its peers are still shutting down sees a job that is ending, not a live one.
-        Leaving twice is leaving once.
+        Leaving twice is leaving once. True: this rank was the last one out.
         """
         if self.left:
-            return
+            return False
         self.left = True
         atexit.unregister(self._leave_at_exit)
         emptied = False
@@ -78,6 +79,9 @@ class Generation:
             if state.get("generation") != self.generation_id:
                 return None  # already replaced (we were presumed dead): nothing of ours is left
             state["members"][str(self.rank)]["left"] = True
+            mine = self.members[self.rank].placement
+            if all(m.get("left") for r, m in state["members"].items() if self.members[int(r)].placement == mine):
+                remove_node_tiers([self.generation_id])  # the last of this node out (a crash leaves them)
             if all(m.get("left") for m in state["members"].values()):
                 nonlocal emptied
                 emptied = True
@@ -94,3 +98,4 @@ class Generation:
         for callback in self.on_leave:
             callback()
         self.on_leave.clear()
+        return emptied

@@ -1,5 +1,7 @@
-"""Failure reports of ``fsdist run``: a rank's uncaught exception (``error.r<rank>.json``) and
-the job's first failure (the launch generation's ``abort`` record), both JSON objects.
+"""Failure reports of ``fsdist run``: a rank's uncaught exception (``error.r<rank>.json``),
+the job's first failure (the launch generation's ``abort`` record), and the restart history
+(``.launch/rounds``: the first failure of each round of a job run with ``--max-restarts``), all
+JSON objects.
 
 A rank writes its report just before it exits; its node's launcher reads it, and the launchers
 agree on the first failure through the abort record, so every node reports the same cause with
@@ -13,11 +15,14 @@ import json
 import math
 from typing import Any
 
-__all__ = ["MAX_BYTES", "encode", "parse"]
+__all__ = ["MAX_BYTES", "MAX_ROUNDS", "add_round", "encode", "parse", "parse_rounds"]
 
 #: a report carries a traceback, not a log: longer tracebacks keep their end (where it raised)
 MAX_BYTES = 256 * 1024
-_INT_FIELDS = ("rank", "exit_code")
+#: rounds kept in the restart history (a job restarted more often keeps its first ones)
+MAX_ROUNDS = 100
+_ROUND_TEXT_BYTES = 1024  # a round's message in the history: the traceback stays in the abort record
+_INT_FIELDS = ("rank", "exit_code", "final")  # final: a failure no restart may follow (a signal)
 _TEXT_FIELDS = ("type", "message", "traceback", "host", "reason")
 
 
@@ -51,3 +56,50 @@ def parse(raw: bytes) -> dict[str, Any]:
     if not checked:
         raise ValueError("failure report has none of the known fields")
     return checked
+
+
+def add_round(raw: bytes, job: str, max_restarts: int, round_index: int, failure: dict[str, Any]) -> bytes | None:
+    """The history ``raw`` with ``failure`` as round ``round_index``'s, if it has none yet.
+
+    Every launcher of a round offers the round's first failure; the first offer is kept. A
+    history of another job (an earlier run in the directory) is replaced. None: nothing changes.
+    """
+    try:
+        history = parse_rounds(raw)
+    except ValueError:
+        history = {}
+    if history.get("job") != job:
+        history = {"format": 1, "job": job, "max_restarts": max_restarts, "rounds": []}
+    rounds = history["rounds"]
+    if any(entry["round"] == round_index for entry in rounds) or len(rounds) >= MAX_ROUNDS:
+        return None
+    entry = {k: v[:_ROUND_TEXT_BYTES] if isinstance(v, str) else v for k, v in failure.items() if k != "traceback"}
+    rounds.append({**entry, "round": round_index})
+    return json.dumps(history).encode()
+
+
+def parse_rounds(raw: bytes) -> dict[str, Any]:
+    """The restart history's checked fields: job, max_restarts and rounds (``ValueError`` if not one)."""
+    if not raw:
+        raise ValueError("no restart history")
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"restart history of {len(raw)} bytes is larger than {MAX_BYTES}")
+    history = json.loads(raw)
+    if not isinstance(history, dict) or history.get("format") != 1:
+        raise ValueError("restart history is not a format-1 JSON object")
+    job, max_restarts, rounds = history.get("job"), history.get("max_restarts"), history.get("rounds")
+    if not isinstance(job, str) or not isinstance(max_restarts, int) or isinstance(max_restarts, bool):
+        raise ValueError("restart history lacks its job or max_restarts")
+    if not isinstance(rounds, list) or len(rounds) > MAX_ROUNDS:
+        raise ValueError("restart history's rounds are not a list of at most MAX_ROUNDS")
+    checked = []
+    for entry in rounds:
+        index = entry.get("round") if isinstance(entry, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise ValueError(f"restart history has a round without its number: {entry!r:.80}")
+        try:
+            failure = parse(json.dumps({k: v for k, v in entry.items() if k != "round"}).encode())
+        except ValueError:
+            failure = {}
+        checked.append({**failure, "round": index})
+    return {"format": 1, "job": job, "max_restarts": max_restarts, "rounds": checked}

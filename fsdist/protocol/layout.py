@@ -4,7 +4,9 @@
       fsdist-rendezvous.json             the rendezvous record (rendezvous_record.py)
       .launch/                           `fsdist run`'s launchers: a rendezvous of their own
         fsdist-rendezvous.json
+        rounds                           the restart history: each round's first failure (JSON)
         gen-<id>/abort                   the launchers' first-failure record (JSON)
+        gen-<id>/done                    how many launchers' ranks all succeeded (Counter)
         gen-<id>/error.r<rank>.json      a rank's uncaught exception (cli/run_rank.py)
       gen-<id>/                          one generation of the job (16 hex digits)
         heartbeat.r<rank>                a liveness counter (files/locks.py Counter)
@@ -19,6 +21,9 @@
           .spare.r<rank>.<n>             a retired message file kept for reuse
           leaders/                       two-tier groups: the leaders' tier (one rank per
                                          node), with the same files as its group folder
+    ENDPOINT/RUN_ID/agents/              torchrun's agents (--rdzv-backend=fsdist): a rendezvous
+        gen-<id>/restart                 how many agents asked to re-form (Counter)
+    ENDPOINT/RUN_ID/workers/             their workers' run directory (a DIR as above)
     LOCAL/fsdist-<gen id>-n<node>-<group folder>/  two-tier groups: one node's tier, same files
                                          (LOCAL: FSDIST_LOCAL_DIR, default /dev/shm; never shared)
     any folder: .tmp.<name>.<8 hex>      a file being written, renamed to <name> when complete
@@ -37,11 +42,14 @@ import re
 __all__ = [
     "ABORT_FILE",
     "CLOSED_FILE",
+    "DONE_FILE",
     "GROUP_ALGO_KEY",
     "GROUP_RANKS_KEY",
     "LAUNCH_DIR",
     "LEADERS_DIR",
     "RENDEZVOUS_FILE",
+    "RESTART_FILE",
+    "ROUNDS_FILE",
     "STORE_LOCK_FILE",
     "doorbell_file",
     "error_file",
@@ -69,6 +77,10 @@ RENDEZVOUS_FILE = "fsdist-rendezvous.json"
 LAUNCH_DIR = ".launch"
 LEADERS_DIR = "leaders"
 ABORT_FILE = "abort"
+DONE_FILE = "done"
+ROUNDS_FILE = "rounds"
+#: In a torchrun agents' generation: how many agents asked to re-form it (Counter)
+RESTART_FILE = "restart"
 CLOSED_FILE = "closed"
 #: Store key a subgroup's rank 0 sets to the JSON list of the job ranks in the group (its
 #: folder name follows), so `fsdist status` can name job ranks.

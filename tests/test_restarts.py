@@ -1,0 +1,190 @@
+"""Restarts: ``fsdist run --max-restarts`` and torchrun's ``--max-restarts`` over the fsdist rendezvous.
+
+A 4-rank job, 2 launchers × 2 ranks on simulated nodes (each its own FSDIST_NODE_ID and local
+directory, so the job runs in two tiers), trains examples/train_restartable.py with DCP
+checkpoints; one rank kills itself with SIGKILL at a random step. Each trial must finish with
+parameters equal, bit for bit, to an uninterrupted run's, record the round in the restart
+history, and leave only the documented files. ``FSDIST_RESTART_TRIALS`` sets the number of
+trials (default 1; ``make test-restarts``: 20), ``FSDIST_RESTART_SEED`` their random seed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from fsdist.protocol import failure_report
+
+EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_restartable.py")
+STEPS = 16
+EVERY = 4  # checkpoint every EVERY steps
+TRIALS = int(os.environ.get("FSDIST_RESTART_TRIALS", "1"))
+SEED = int(os.environ.get("FSDIST_RESTART_SEED", "2026"))
+#: What a finished job leaves in its run directory (docs/reliability.md, "Restarts")
+DOCUMENTED = {"fsdist-rendezvous.json", ".launch", ".launch/fsdist-rendezvous.json", ".launch/rounds"}
+
+
+def _script_args(tmp: Path, *extra: str) -> list[str]:
+    return [EXAMPLE, "--steps", str(STEPS), "--checkpoint-every", str(EVERY), "--checkpoint", str(tmp / "ckpt"),
+            "--out", str(tmp / "params.pt"), *extra]  # fmt: skip
+
+
+def _node_env(tmp: Path, node: int) -> dict[str, str]:
+    local = tmp / f"local{node}"
+    local.mkdir(exist_ok=True)
+    return {**os.environ, "FSDIST_NODE_ID": f"node{node}", "FSDIST_LOCAL_DIR": str(local)}
+
+
+def _fsdist_run(tmp: Path, restarts: int, *extra: str) -> list[subprocess.CompletedProcess[str]]:
+    """Two launchers of 2 ranks each, run to the end."""
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fsdist",
+                "run",
+                "--dir",
+                str(tmp / "run"),
+                "--nproc-per-node",
+                "2",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                "--max-restarts",
+                str(restarts),
+                *_script_args(tmp, *extra),
+            ],
+            env=_node_env(tmp, node),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        results.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return results
+
+
+def _left_behind(tmp: Path) -> tuple[set[str], list[str]]:
+    """The run directory's files, and whatever the node-local directories still hold."""
+    run = tmp / "run"
+    files = {str(p.relative_to(run)) for p in run.rglob("*")}
+    local = [str(p) for node in (0, 1) for p in (tmp / f"local{node}").iterdir()]
+    return files, local
+
+
+def _params(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    results = _fsdist_run(tmp, 0)
+    assert all(r.returncode == 0 for r in results), results[0].stderr[-3000:] + results[1].stderr[-3000:]
+    return _params(tmp / "params.pt")
+
+
+@pytest.mark.parametrize("trial", range(TRIALS))
+def test_a_killed_rank_restarts_the_job_which_ends_as_if_uninterrupted(tmp_path, uninterrupted, trial) -> None:
+    rng = random.Random(SEED + trial)
+    rank, step = rng.randrange(4), rng.randint(1, STEPS)
+    results = _fsdist_run(tmp_path, 3, "--kill-rank", str(rank), "--kill-at-step", str(step))
+    logs = "\n".join(r.stdout[-2000:] + r.stderr[-3000:] for r in results)
+    where = f"trial {trial}: rank {rank} killed at step {step}"
+    assert [r.returncode for r in results] == [0, 0], f"{where}\n{logs}"
+    for result in results:
+        assert f"the first failure was rank {rank} (exit code -9" in result.stderr, f"{where}\n{logs}"
+        assert "restarting the job (restart 1 of 3)" in result.stderr, f"{where}\n{logs}"
+    resumed = (step - 1) // EVERY * EVERY  # the newest checkpoint written before the kill
+    assert (f"resuming after step {resumed}" in logs) == (resumed > 0), f"{where}\n{logs}"
+    got = _params(tmp_path / "params.pt")
+    assert got.keys() == uninterrupted.keys()
+    for name, value in uninterrupted.items():
+        assert torch.equal(got[name], value), f"{where}: parameter {name} differs from the uninterrupted run"
+    files, local = _left_behind(tmp_path)
+    assert files == DOCUMENTED and not local, f"{where}: left behind {sorted(files - DOCUMENTED)} and {local}"
+    history = failure_report.parse_rounds((tmp_path / "run" / ".launch" / "rounds").read_bytes())
+    assert history["max_restarts"] == 3
+    assert [(e["round"], e["rank"], e["exit_code"]) for e in history["rounds"]] == [(0, rank, -9)], history
+    status = subprocess.run([sys.executable, "-m", "fsdist", "status", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert "fsdist run --max-restarts 3" in status.stdout and "restarted 1 time" in status.stdout, status.stdout
+    assert f"round 0 ended by rank {rank} (exit code -9" in status.stdout, status.stdout
+
+
+def test_without_restarts_left_the_job_fails_and_leaves_nothing_behind(tmp_path) -> None:
+    results = _fsdist_run(tmp_path, 0, "--kill-rank", "1", "--kill-at-step", "3")
+    for result in results:
+        assert result.returncode == 1, result.stderr[-3000:]
+        assert "the job failed; the first failure was rank 1 (exit code -9" in result.stderr, result.stderr[-3000:]
+        assert "restarting" not in result.stderr
+    files, local = _left_behind(tmp_path)
+    assert files == DOCUMENTED and not local, f"left behind {sorted(files - DOCUMENTED)} and {local}"
+    status = subprocess.run([sys.executable, "-m", "fsdist", "status", "--json", str(tmp_path / "run")],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    history = json.loads(status.stdout)["restarts"]
+    assert history["max_restarts"] == 0 and [e["rank"] for e in history["rounds"]] == [1], history
+
+
+def test_restart_history_is_parsed_not_trusted() -> None:
+    good = failure_report.add_round(b"", "job1", 2, 0, {"rank": 3, "exit_code": -9, "traceback": "x" * 10})
+    assert good is not None
+    assert failure_report.parse_rounds(good)["rounds"] == [{"rank": 3, "exit_code": -9, "round": 0}]
+    assert failure_report.add_round(good, "job1", 2, 0, {"rank": 1}) is None  # the round's first failure stays
+    again = failure_report.add_round(good, "job2", 2, 0, {"rank": 1})  # another job: a new history
+    assert again is not None and failure_report.parse_rounds(again)["job"] == "job2"
+    for bad in (b"[]", b'{"format": 1}', b'{"format": 1, "job": "j", "max_restarts": 1, "rounds": [{"round": -1}]}',
+                b'{"format": 1, "job": "j", "max_restarts": true, "rounds": []}', b"\xff" * 10):  # fmt: skip
+        with pytest.raises(ValueError):
+            failure_report.parse_rounds(bad)
+
+
+def test_torchrun_max_restarts_over_the_fsdist_rendezvous(tmp_path, uninterrupted) -> None:
+    """torch's own agents restart the job: the one whose worker died, and the other one on its
+    ``num_nodes_waiting``; the run ends as if uninterrupted."""
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                f"--log-dir={tmp_path / f'logs{node}'}",
+                "--rdzv-backend=fsdist",
+                f"--rdzv-endpoint={tmp_path / 'endpoint'}",
+                "--rdzv-id=job",
+                "--nnodes=2",
+                "--nproc-per-node=2",
+                "--max-restarts=3",
+                "--monitor-interval=0.2",
+                *_script_args(tmp_path, "--kill-rank", "2", "--kill-at-step", "7"),
+            ],
+            env=_node_env(tmp_path, node),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    outputs = [proc.communicate(timeout=300) for proc in procs]
+    logs = "\n".join(out[-2000:] + err[-3000:] for out, err in outputs)
+    assert [proc.returncode for proc in procs] == [0, 0], logs
+    assert "resuming after step 4" in logs, logs
+    got = _params(tmp_path / "params.pt")
+    for name, value in uninterrupted.items():
+        assert torch.equal(got[name], value), f"parameter {name} differs from the uninterrupted run"
+    workers = tmp_path / "endpoint" / "job" / "workers"
+    assert not [p.name for p in workers.iterdir() if p.name.startswith("gen-")], "a generation was left behind"
+    assert not [p for node in (0, 1) for p in (tmp_path / f"local{node}").iterdir()], "node tiers left behind"
