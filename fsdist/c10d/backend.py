@@ -147,6 +147,9 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                         self._t.enter(seq, description)
                         run(staging)
                     staging.finish()
+            except OSError as exc:  # the filesystem failed (EIO, ENOSPC, ...): say where it happened
+                error = f"{type(exc).__name__}: {exc}"
+                raise FsdistError(f"rank {self.rank()}, operation #{seq} '{description}': {exc}") from exc
             except BaseException as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 raise

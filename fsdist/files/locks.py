@@ -181,7 +181,10 @@ class LockedRecord:
         return bytes(view[:done])  # one copy: every poll of a peer reads its 8 KiB position part
 
     def _write_unlocked(self, data: bytes, offset: int) -> None:
-        written = retrying(lambda: os.pwrite(self._fd, data, offset))
+        try:
+            written = retrying(lambda: os.pwrite(self._fd, data, offset))
+        except OSError as exc:  # EIO, ENOSPC, EDQUOT...: say which file
+            raise OSError(exc.errno, exc.strerror, self.path) from exc
         if written != len(data):
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
 

@@ -5,7 +5,8 @@ the pid namespace. Two containers, or two nodes that happen to share a hostname,
 different machine ids, so a pid is only ever looked up where it means something; the start
 time guards against pid reuse.
 
-On the same machine a dead process is noticed at once (``/proc``). Across machines each rank
+On the same machine a dead process is noticed at once (``/proc``), and a stopped one (SIGSTOP)
+by its heartbeat, as below. Across machines each rank
 beats a heartbeat: a counter in ``heartbeat.r<rank>`` that a thread raises every
 ``HEARTBEAT_SECONDS``, read under the lock (coherent on NFS, unlike mtimes). A peer whose
 counter has not moved for ``FSDIST_HEARTBEAT_TIMEOUT`` seconds (default 10) of this rank's own
@@ -24,7 +25,7 @@ from typing import Any
 from ..defaults import ENV_HEARTBEAT_TIMEOUT, ENV_NODE_ID, HEARTBEAT_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
 from ..files.locks import Counter
 
-__all__ = ["Heartbeat", "Identity", "PeerWatch", "is_alive", "node_id", "this_process"]
+__all__ = ["Heartbeat", "Identity", "PeerWatch", "is_alive", "is_stopped", "node_id", "this_process"]
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,19 @@ def is_alive(who: Identity) -> bool | None:
     return start is not None and (who.start_time == 0 or start == who.start_time)
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether a process on this machine is stopped (state T: SIGSTOP, SIGTSTP; t: a tracer).
+
+    It is alive to /proc but runs nothing, its heartbeat thread included: a peer waiting for it
+    judges it by that heartbeat, as it judges a rank on another machine.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
+
+
 def _start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot, or None if it is gone or a zombie."""
     try:
@@ -157,7 +171,9 @@ class PeerWatch:
         alive = is_alive(who)
         if alive is False:
             return f"rank {self._names[rank]} (pid {who.pid} on {who.host}) died"
-        if alive is True:
+        stopped = alive is True and is_stopped(who.pid)
+        if alive is True and not stopped:
+            self._last.pop(rank, None)  # running here: its heartbeat says nothing more
             return None
         counter = self._counters.get(rank)
         if counter is None:
@@ -168,8 +184,9 @@ class PeerWatch:
             self._last[rank] = (beat, now)
             return None
         if now - last[1] > self.timeout:
+            why = " (its process is stopped: SIGSTOP, or a debugger)" if stopped else ""
             return (
-                f"rank {self._names[rank]} (pid {who.pid} on {who.host}) stopped its heartbeat: no beat for "
+                f"rank {self._names[rank]} (pid {who.pid} on {who.host}) stopped its heartbeat{why}: no beat for "
                 f"{now - last[1]:.1f} s (limit {self.timeout:.0f} s, {ENV_HEARTBEAT_TIMEOUT})"
             )
         return None
