@@ -17,8 +17,8 @@ test-fuzz:
 	FSDIST_FUZZ_EXAMPLES=10000 scripts/test.sh test_fuzz.py
 
 # 20 trials of a 4-rank job (2 launchers x 2) with one rank killed at a random step and
-# --max-restarts 3, each ending as an uninterrupted run (tests/test_restarts.py; `make test`
-# runs 1 trial; measure the time: ~12 s per trial on 2 cores)
+# --max-restarts 3, each ending as an uninterrupted run, and torchrun --nnodes=1:2 through a
+# node joining and leaving (tests/test_restarts.py; `make test` runs 1 trial; ~7 min on 2 cores)
 test-restarts:
 	FSDIST_RESTART_TRIALS=20 scripts/test.sh test_restarts.py
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 
 import torch
 import torch.distributed as dist
@@ -63,9 +64,10 @@ def main() -> None:
     parser.add_argument("--kill-rank", type=int, default=-1)
     parser.add_argument("--kill-at-step", type=int, default=-1)
     parser.add_argument("--out", help="where rank 0 saves the final parameters (torch.save)")
+    parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep this long per step (a slow job)")
     args = parser.parse_args()
     dist.init_process_group("fsdist")
-    rank = dist.get_rank()
+    rank, world = dist.get_rank(), dist.get_world_size()
     os.makedirs(args.checkpoint, exist_ok=True)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     torch.manual_seed(0)
@@ -84,10 +86,13 @@ def main() -> None:
         first = step + 1
         if rank == 0:
             print(f"restart {restart}: resuming after step {step} from {folder}", flush=True)
+    if rank == 0:
+        print(f"restart {restart}: {world} ranks, from step {first}", flush=True)
     loss = torch.tensor(float("nan"))  # stays so when resuming from the last step's checkpoint
     for step in range(first, args.steps + 1):
         if rank == args.kill_rank and step == args.kill_at_step and first_time(args.checkpoint):
             os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(args.step_seconds)
         x, y = batch(rank, step)
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()

@@ -5,7 +5,9 @@ directory, so the job runs in two tiers), trains examples/train_restartable.py w
 checkpoints; one rank kills itself with SIGKILL at a random step. Each trial must finish with
 parameters equal, bit for bit, to an uninterrupted run's, record the round in the restart
 history, and leave only the documented files. ``FSDIST_RESTART_TRIALS`` sets the number of
-trials (default 1; ``make test-restarts``: 20), ``FSDIST_RESTART_SEED`` their random seed.
+trials (default 1; ``make test-restarts``: 20, and the elastic test), ``FSDIST_RESTART_SEED``
+their random seed. torchrun's ``--max-restarts`` and ``--nnodes=MIN:MAX`` over the fsdist
+rendezvous run the same script.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +102,10 @@ def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
     return _params(tmp / "params.pt")
 
 
+#: the elastic test takes ~1 min: it runs with `make test-restarts` (which sets the trials)
+FULL = "FSDIST_RESTART_TRIALS" in os.environ
+
+
 @pytest.mark.parametrize("trial", range(TRIALS))
 def test_a_killed_rank_restarts_the_job_which_ends_as_if_uninterrupted(tmp_path, uninterrupted, trial) -> None:
     rng = random.Random(SEED + trial)
@@ -146,8 +155,18 @@ def test_restart_history_is_parsed_not_trusted() -> None:
     assert failure_report.add_round(good, "job1", 2, 0, {"rank": 1}) is None  # the round's first failure stays
     again = failure_report.add_round(good, "job2", 2, 0, {"rank": 1})  # another job: a new history
     assert again is not None and failure_report.parse_rounds(again)["job"] == "job2"
-    for bad in (b"[]", b'{"format": 1}', b'{"format": 1, "job": "j", "max_restarts": 1, "rounds": [{"round": -1}]}',
-                b'{"format": 1, "job": "j", "max_restarts": true, "rounds": []}', b"\xff" * 10):  # fmt: skip
+    consequence = failure_report.add_round(b"", "j", 2, 0, {"rank": 0, "type": "PeerFailedError"})
+    assert consequence is not None
+    cause = failure_report.add_round(consequence, "j", 2, 0, {"rank": 3, "exit_code": -9})
+    assert cause is not None and failure_report.parse_rounds(cause)["rounds"][0]["rank"] == 3
+    history = b""
+    for index in range(failure_report.MAX_ROUNDS + 5):  # long non-ASCII texts: 6 bytes a character in JSON
+        history = failure_report.add_round(history, "j", 1000, index, {"rank": 1, "message": "é" * 100_000}) or history
+    assert len(failure_report.parse_rounds(history)["rounds"]) == failure_report.MAX_ROUNDS
+    assert failure_report.add_round(b"", "j", 1, None, {}) is not None  # a job starting its history
+    bad_rounds = b'{"format": 1, "job": "j", "max_restarts": 1, "rounds": [{"round": -1}]}'
+    bad_budget = b'{"format": 1, "job": "j", "max_restarts": true, "rounds": []}'
+    for bad in (b"[" * 100_000, b"[]", b'{"format": 1}', bad_rounds, bad_budget, b"\xff" * 10):
         with pytest.raises(ValueError):
             failure_report.parse_rounds(bad)
 
@@ -188,3 +207,166 @@ def test_torchrun_max_restarts_over_the_fsdist_rendezvous(tmp_path, uninterrupte
     workers = tmp_path / "endpoint" / "job" / "workers"
     assert not [p.name for p in workers.iterdir() if p.name.startswith("gen-")], "a generation was left behind"
     assert not [p for node in (0, 1) for p in (tmp_path / f"local{node}").iterdir()], "node tiers left behind"
+
+
+def _wait_for(paths: list[Path], pattern: str, after: int = 0, seconds: float = 120) -> re.Match[str]:
+    """The first match of ``pattern`` in the logs' text past offset ``after`` (their join)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        text = "\n".join(p.read_text(errors="replace") for p in paths if p.exists())
+        found = re.compile(pattern).search(text, after)
+        if found:
+            return found
+        time.sleep(0.2)
+    tails = "\n".join(p.read_text()[-3000:] for p in paths if p.exists())
+    raise AssertionError(f"no {pattern!r} within {seconds} s in:\n{tails}")
+
+
+@pytest.mark.skipif(not FULL, reason="~1 min: make test-restarts runs it")
+def test_torchrun_elastic_range_reforms_when_a_node_joins_and_when_it_leaves(tmp_path) -> None:
+    """``--nnodes=1:2``: one agent forms a 2-rank job; a second agent arriving mid-run makes it
+    re-form with 4 ranks; that agent stopped (SIGTERM) makes it re-form with 2, which finishes."""
+    logs = [tmp_path / f"agent{node}.log" for node in (0, 1)]
+
+    def agent(node: int) -> subprocess.Popen[bytes]:
+        with open(logs[node], "wb") as log:
+            return subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "torch.distributed.run",
+                    f"--log-dir={tmp_path / f'logs{node}'}",
+                    "--rdzv-backend=fsdist",
+                    f"--rdzv-endpoint={tmp_path / 'endpoint'}",
+                    "--rdzv-id=job",
+                    "--nnodes=1:2",
+                    "--rdzv-conf=last_call_timeout=1",
+                    "--nproc-per-node=2",
+                    "--max-restarts=3",
+                    "--monitor-interval=0.2",
+                    EXAMPLE,
+                    "--steps",
+                    "400",
+                    "--checkpoint-every",
+                    "2",
+                    "--step-seconds",
+                    "0.05",
+                    "--checkpoint",
+                    str(tmp_path / "ckpt"),
+                ],
+                env=_node_env(tmp_path, node),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    first = agent(0)
+    second = None
+    try:
+        _wait_for(logs, r"2 ranks, from step 1\b")
+        second = agent(1)
+        joined = _wait_for(logs, r"4 ranks, from step (\d+)")
+        time.sleep(2)  # train a little with both nodes
+        second.send_signal(signal.SIGTERM)
+        second.wait(timeout=60)
+        left = _wait_for(logs, r"2 ranks, from step (\d+)", after=joined.end())
+        assert int(left.group(1)) > int(joined.group(1)), "the job did not resume from a later checkpoint"
+        assert first.wait(timeout=300) == 0, logs[0].read_text()[-5000:]
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert "trained to step 400" in logs[0].read_text(), logs[0].read_text()[-3000:]
+    workers = tmp_path / "endpoint" / "job" / "workers"
+    assert not [p.name for p in workers.iterdir() if p.name.startswith("gen-")], "a generation was left behind"
+    assert not [p for node in (0, 1) for p in (tmp_path / f"local{node}").iterdir()], "node tiers left behind"
+
+
+def test_the_first_failure_record_keeps_root_causes_and_finality(tmp_path) -> None:
+    from fsdist.cli.run import _claim
+    from fsdist.files.locks import LockedRecord
+
+    with LockedRecord(str(tmp_path / "abort")) as abort:
+        peer = {"rank": 0, "exit_code": 1, "type": "PeerFailedError", "message": "rank 2 died"}
+        assert _claim(abort, peer)["type"] == "PeerFailedError"
+        killed = {"rank": 2, "exit_code": -9, "message": "rank 2 killed by signal 9"}
+        assert _claim(abort, killed)["rank"] == 2  # the root cause replaces the consequence
+        assert _claim(abort, {**peer, "rank": 1})["rank"] == 2  # and a consequence never replaces it
+        signalled = _claim(abort, {"rank": -1, "reason": "launcher got signal 15", "final": 1})
+        assert signalled["rank"] == 2 and signalled["final"] == 1  # the first failure stays, now final
+
+
+LATE_LEAVER = """
+import time, torch, torch.distributed as dist
+dist.init_process_group("fsdist")
+t = torch.ones(4)
+dist.all_reduce(t)  # two tiers: both nodes' tiers exist now
+assert t[0].item() == dist.get_world_size()
+if dist.get_rank() >= 2:
+    time.sleep(3)  # node 1 leaves well after node 0
+    dist.all_reduce(t, group=dist.new_group([2, 3]))
+dist.destroy_process_group()
+"""
+
+
+def test_nodes_sharing_a_local_directory_remove_only_their_own_tiers(tmp_path) -> None:
+    """Two simulated nodes, one FSDIST_LOCAL_DIR: the node leaving first keeps the other's tiers."""
+    script = tmp_path / "late_leaver.py"
+    script.write_text(LATE_LEAVER)
+    shared = tmp_path / "local"
+    shared.mkdir()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "fsdist",
+                "run",
+                "--dir",
+                str(tmp_path / "run"),
+                "--nproc-per-node",
+                "2",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(node),
+                str(script),
+            ],
+            env={**os.environ, "FSDIST_NODE_ID": f"node{node}", "FSDIST_LOCAL_DIR": str(shared)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    results = [proc.communicate(timeout=120) for proc in procs]
+    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(err[-3000:] for _, err in results)
+    assert not list(shared.iterdir()), "node tiers left behind"
+
+
+def test_a_launcher_waiting_for_the_other_nodes_stops_on_sigterm(tmp_path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fsdist",
+            "run",
+            "--dir",
+            str(tmp_path / "run"),
+            "--nproc-per-node",
+            "1",
+            "--nnodes",
+            "2",
+            "--max-restarts",
+            "2",
+            EXAMPLE,
+            "--checkpoint",
+            str(tmp_path / "ckpt"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(3)  # in the launchers' rendezvous: the second node never comes
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode != 0

@@ -64,7 +64,7 @@ def two_tiers(
             [generation.members[g] for g in job_ranks], [generation.heartbeat_path(g) for g in job_ranks], ranks
         )
 
-    node = nodes.node_of[rank]
-    node_directory = layout.node_group_dir(local_dir(), generation.generation_id, node, directory)
+    placement = generation.members[global_ranks[rank]].placement
+    node_directory = layout.node_group_dir(local_dir(), generation.generation_id, placement, directory)
     leaders_directory = os.path.join(directory, layout.LEADERS_DIR)
     return NodeTiers(nodes, rank, node_directory, leaders_directory, watch_of, timeout)

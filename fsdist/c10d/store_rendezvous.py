@@ -207,7 +207,7 @@ def _parse_member(raw: bytes, rank: int) -> dict[str, Any]:
     """A peer's entry, checked field by field: nothing read from a store is trusted."""
     try:
         member = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise RendezvousError(f"rank {rank}'s entry in the store is not JSON: {raw[:80]!r}") from exc
     fields = {"format": int, "world_size": int, "root": str, "node": str, "host": str, "pid": int,
               "start_time": int, "machine": str, "nonce": str}  # fmt: skip
@@ -268,7 +268,7 @@ def _confirm(ex: _Exchange, nonce: str, root: str | None, owns_root: bool) -> Ge
     try:
         published = json.loads(ex.store.get(ex.generation_key))
         generation_id, local_root = str(published["generation"]), str(published["local_root"])
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise RendezvousError(f"rank 0's generation entry in the store is not fsdist's: {exc}") from exc
     if local_root:
         root, owns_root = local_root, True
@@ -301,8 +301,8 @@ def _sweep(base: str, prefix: str) -> None:
             if members and all(m.get("left") or _dead(m) for m in members):
                 remove_tree(path)
                 log.info("fsdist: removed %s, left by a job that died", path)
-        except (OSError, ValueError, AttributeError):
-            continue  # another user's, or being removed right now: not ours to judge
+        except (OSError, ValueError, AttributeError, KeyError, TypeError, RecursionError):
+            continue  # another user's, damaged, or being removed right now: not ours to judge
 
 
 def _dead(member: dict[str, Any]) -> bool:

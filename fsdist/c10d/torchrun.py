@@ -9,18 +9,26 @@ TCPStore is never started (``use_agent_store`` is False). The agents export
 ``FSDIST_DIR=ENDPOINT/RUN_ID/workers``, so a script's plain ``init_process_group("fsdist")``
 (torch's env://) meets there (init_methods.py), as does ``init_method="fsdist://"``. The workers
 also get torch's ``MASTER_PORT=0``: no store is served, and torch's own env:// handler, if forced
-(FSDIST_ENV_INIT=torch), fails at once on it. Elastic ranges (min != max nodes) are not supported.
+(FSDIST_ENV_INIT=torch), fails at once on it.
+
+Elastic ranges (``--nnodes=MIN:MAX``): the agents' generation forms with MAX agents, or with MIN
+or more once none joined for ``last_call_timeout`` seconds (``--rdzv-conf``, default 30, as
+torch's own handler). An agent that finds the job running with room waits in the rendezvous
+record's ``waiting`` list; the running agents see it as ``num_nodes_waiting``, and torch's agent
+then restarts its workers and re-forms with it. An agent that leaves for good (its node
+stopped) counts the same way: the others re-form without it.
 
 Restarts (``--max-restarts``): an agent whose workers failed stops them, then asks for a new
 round here. It records its stopped workers as gone in the workers' rendezvous record (agents on
-other machines cannot see those processes die, and would take them for a live job) and raises
-the generation's ``restart`` counter before leaving it. Every other agent reads that counter as
-``num_nodes_waiting``, as torch's own handler reports agents waiting to join, so torch's agent
-restarts its healthy workers at once instead of waiting for them to fail.
+other machines cannot see those processes die, and would take them for a live job) and leaves
+the agents' generation. Every other agent counts the members that left as ``num_nodes_waiting``,
+as torch's own handler reports agents waiting to join, so torch's agent restarts its healthy
+workers at once instead of waiting for them to fail.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 from collections.abc import Callable
 from datetime import timedelta
@@ -29,11 +37,9 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from ..defaults import ENV_DIR
-from ..files.locks import Counter
 from ..job.clean import retire_stopped
 from ..job.generation import Generation
-from ..job.rendezvous import rendezvous
-from ..protocol import layout
+from ..job.rendezvous import membership_changes, rendezvous
 from .init_methods import open_store
 
 
@@ -41,18 +47,13 @@ class FsdistRendezvousHandler(RendezvousHandler):
     """torchrun's agents meet through the shared directory."""
 
     def __init__(self, params: RendezvousParameters) -> None:
-        if params.min_nodes != params.max_nodes:
-            raise NotImplementedError(
-                f"fsdist rendezvous: elastic node ranges ({params.min_nodes}:{params.max_nodes}) are not "
-                "supported; pass --nnodes=N"
-            )
         if not params.endpoint:
             raise ValueError("fsdist rendezvous needs --rdzv-endpoint=/shared/directory")
         self._params = params
         self._root = os.path.join(os.path.realpath(params.endpoint), params.run_id)
         self._timeout = timedelta(seconds=float(params.get("join_timeout", 600)))
+        self._last_call = float(params.get("last_call_timeout", 30))
         self._generation: Generation | None = None
-        self._restarts: Counter | None = None  # the generation's restart requests
         self._closed = False
 
     def get_backend(self) -> str:
@@ -66,10 +67,21 @@ class FsdistRendezvousHandler(RendezvousHandler):
         workers = os.path.join(self._root, "workers")
         if self._generation is not None:  # a restart round: torch's agent stopped our workers
             retire_stopped(workers)
-            self._requests().add(1)
             self._leave()
         agents = os.path.join(self._root, "agents")
-        self._generation = rendezvous(agents, None, self._params.max_nodes, self._timeout)
+        self._generation = rendezvous(
+            agents,
+            None,
+            self._params.max_nodes,
+            self._timeout,
+            min_size=self._params.min_nodes,
+            last_call=self._last_call,
+        )
+        # torch's agent stopped by a signal stops its workers but never calls shutdown(): leave
+        # at exit, the workers recorded as gone first (registered after the generation's own
+        # exit hook, so it runs before it)
+        atexit.unregister(self.shutdown)
+        atexit.register(self.shutdown)
         os.environ[ENV_DIR] = workers  # inherited by the workers
         store = open_store(self._generation, self._timeout)
         self._store = store  # c10d keeps only the C++ half of a Python store alive
@@ -83,32 +95,20 @@ class FsdistRendezvousHandler(RendezvousHandler):
         self._closed = True
 
     def num_nodes_waiting(self) -> int:
-        """Agents that left this generation to form a new one (their workers failed)."""
-        if self._generation is None:
-            return 0
-        try:
-            return self._requests().get()
-        except OSError:  # the generation's folder is gone: every other agent left it
-            return 1
+        """Agents that left this generation (their workers failed, or their node stopped), and
+        agents waiting to join it (elastic)."""
+        return 0 if self._generation is None else membership_changes(self._generation)
 
     def get_run_id(self) -> str:
         return self._params.run_id
 
     def shutdown(self) -> bool:
-        retire_stopped(os.path.join(self._root, "workers"))  # torch's agent stopped them: their node tiers go
+        if self._generation is not None:  # torch's agent stopped the workers: record them gone
+            retire_stopped(os.path.join(self._root, "workers"))
         self._leave()
         return True
 
-    def _requests(self) -> Counter:
-        assert self._generation is not None
-        if self._restarts is None:
-            self._restarts = Counter(os.path.join(self._generation.directory, layout.RESTART_FILE))
-        return self._restarts
-
     def _leave(self) -> None:
-        if self._restarts is not None:
-            self._restarts.close()
-            self._restarts = None
         if self._generation is not None:
             self._generation.leave()
             self._generation = None

@@ -94,15 +94,21 @@ def run(args: argparse.Namespace) -> int:
     if args.max_restarts < 0:
         raise SystemExit("fsdist run: --max-restarts must be 0 or more")
     directory = os.path.realpath(args.dir)
-    stop_signal: list[int] = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda signum, _frame: stop_signal.append(signum))
     job = ""  # round 0's launch generation: names this job's restart history
     for restart in range(args.max_restarts + 1):
-        launch = rendezvous(
-            os.path.join(directory, layout.LAUNCH_DIR), node_rank, nnodes, timedelta(seconds=args.timeout)
-        )
-        job = job or launch.generation_id
+        try:
+            launch = rendezvous(
+                os.path.join(directory, layout.LAUNCH_DIR), node_rank, nnodes, timedelta(seconds=args.timeout)
+            )
+        except RendezvousError as exc:
+            if restart == 0:
+                raise
+            print(f"fsdist run: the launchers did not re-form the job for restart {restart}: {exc}", file=sys.stderr)
+            return 1
+        if not job:
+            job = launch.generation_id
+            _record_round(directory, job, args.max_restarts, None, {})  # a fresh history: no round failed yet
+        stop_signal: list[int] = []
         failure = _round(directory, launch, node_rank, nnodes, (job, restart), args, stop_signal)
         retire_stopped(directory)  # before leaving: the next round's ranks must see them gone
         if failure is None:
@@ -110,11 +116,14 @@ def run(args: argparse.Namespace) -> int:
             return 0
         _record_round(directory, job, args.max_restarts, restart, failure)
         last_out = launch.leave()
-        if stop_signal or failure.get("final") or restart == args.max_restarts:
+        if failure.get("final") or restart == args.max_restarts:
             break
         _report(failure, f"restarting the job (restart {restart + 1} of {args.max_restarts})")
     assert failure is not None  # the loop returns on success
-    _report(failure, f"no restarts left ({args.max_restarts} used)" if args.max_restarts and not stop_signal else "")
+    _report(
+        failure,
+        f"no restarts left ({args.max_restarts} used)" if args.max_restarts and not failure.get("final") else "",
+    )
     if last_out:  # every launcher stopped its ranks: remove the failed job's files
         try:
             clean(directory)
@@ -132,7 +141,10 @@ def _round(
     args: argparse.Namespace,
     stop_signal: list[int],
 ) -> dict[str, Any] | None:
-    """Run this node's ranks once: None when every launcher's ranks succeeded, else the first failure."""
+    """Run this node's ranks once: None when they succeeded, else the round's first failure.
+
+    SIGINT and SIGTERM end the job (no restart) while ranks run; between rounds they act as usual.
+    """
     abort = LockedRecord(os.path.join(launch.directory, layout.ABORT_FILE))
     done = Counter(os.path.join(launch.directory, layout.DONE_FILE))
     world = nnodes * args.nproc_per_node
@@ -142,21 +154,36 @@ def _round(
         "TORCHELASTIC_MAX_RESTARTS": str(args.max_restarts),
         "TORCHELASTIC_RUN_ID": job,
     }
-    started = [
-        _start(directory, launch, node_rank, local, args, world, elastic) for local in range(args.nproc_per_node)
-    ]
+    handlers = {signum: signal.signal(signum, lambda n, _: stop_signal.append(n)) for signum in _STOP_SIGNALS}
+    started: list[Rank] = []
     try:
-        failure = _watch(started, abort, done, nnodes, stop_signal, args.timeout)
+        for local in range(args.nproc_per_node):
+            started.append(_start(directory, launch, node_rank, local, args, world, elastic))
+        wait_for_others = args.timeout if restart < args.max_restarts else 0.0
+        failure = _watch(started, abort, done, nnodes, stop_signal, wait_for_others)
+        if failure is None:
+            return None
         ranks.stop([rank.process for rank in started])
-        # a root cause found meanwhile may have replaced a consequence first recorded (_claim)
-        return None if failure is None else _parsed(abort.read())
+        if stop_signal:  # a signal during the stop ends the job everywhere, whatever failed first
+            _claim(abort, _signalled(stop_signal))
+        # the record as the launchers left it: a root cause may have replaced a consequence
+        return _parsed(abort.read())
     finally:
         ranks.stop([rank.process for rank in started])
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
         abort.close()
         done.close()
 
 
-def _record_round(directory: str, job: str, max_restarts: int, restart: int, failure: dict[str, Any]) -> None:
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _signalled(stop_signal: list[int]) -> dict[str, Any]:
+    return {"rank": -1, "reason": f"launcher got signal {stop_signal[0]}", "final": 1}
+
+
+def _record_round(directory: str, job: str, max_restarts: int, restart: int | None, failure: dict[str, Any]) -> None:
     path = os.path.join(directory, layout.LAUNCH_DIR, layout.ROUNDS_FILE)
     with LockedRecord(path) as rounds:
         rounds.update(lambda old: failure_report.add_round(old, job, max_restarts, restart, failure))
@@ -181,25 +208,28 @@ def _start(
 
 
 def _watch(
-    started: list[Rank], abort: LockedRecord, done: Counter, nnodes: int, stop_signal: list[int], timeout: float
+    started: list[Rank], abort: LockedRecord, done: Counter, nnodes: int, stop_signal: list[int], wait: float
 ) -> dict[str, Any] | None:
-    """Wait until every launcher's ranks succeeded (None) or the round failed (its first failure).
+    """Wait until this node's ranks succeeded (None) or the round failed (its first failure).
 
-    Once this node's ranks all succeeded, the other launchers get ``timeout`` seconds to say so.
+    With restarts left (``wait`` > 0), a node whose ranks succeeded waits up to ``wait`` seconds
+    for every launcher's to: a failure elsewhere meanwhile restarts its ranks too.
     """
     finished = False
     deadline = float("inf")
     while True:
         if stop_signal:
-            _claim(abort, {"rank": -1, "reason": f"launcher got signal {stop_signal[0]}", "final": 1})
+            return _claim(abort, _signalled(stop_signal))
         if not finished:  # own ranks first: a dead one here is a root cause, maybe not yet recorded
             codes = [(rank, rank.process.poll()) for rank in started]
             failed = [_failure(rank, code) for rank, code in codes if code not in (None, 0)]
             if failed:
                 return _claim(abort, min(failed, key=_causal_order))
             if all(code == 0 for _, code in codes):
-                finished = True  # and wait for the other launchers: a failure there restarts us too
-                deadline = time.monotonic() + timeout
+                if wait <= 0:
+                    return None
+                finished = True
+                deadline = time.monotonic() + wait
                 done.add(1)
         recorded = abort.read()
         if recorded:
@@ -209,11 +239,12 @@ def _watch(
             if count >= nnodes:
                 return None
             if time.monotonic() > deadline:
-                reason = (
-                    f"this node's ranks succeeded, but {nnodes - count} of {nnodes} launchers did not report "
-                    f"an outcome within {timeout:.0f} s (--timeout): a launcher was killed, or its node hangs"
+                print(
+                    f"fsdist run: this node's ranks succeeded; {nnodes - count} of {nnodes} launchers did not "
+                    f"report within {wait:.0f} s (--timeout), so a later failure there will not restart them",
+                    file=sys.stderr,
                 )
-                return _claim(abort, {"rank": -1, "reason": reason, "final": 1})
+                return None
         time.sleep(POLL_SECONDS)
 
 
@@ -240,16 +271,23 @@ def _causal_order(failure: dict[str, Any]) -> tuple[bool, float]:
 
 
 def _claim(abort: LockedRecord, failure: dict[str, Any]) -> dict[str, Any]:
-    """Record ``failure`` unless another launcher recorded one first; return the first.
+    """Record ``failure`` unless another launcher recorded one first; return what is recorded.
 
-    A root cause replaces a consequence recorded first: a rank that failed *because* a peer
-    died often exits before the peer's own launcher polls the dead process.
+    A rank's root cause replaces a consequence recorded first (a rank that failed *because* a
+    peer died often exits before the peer's own launcher polls the dead process), and a final
+    failure (a signal) makes the recorded one final: every launcher then stops for good.
     """
 
     def first(old: bytes) -> bytes | None:
-        if old and not (_causal_order(_parsed(old))[0] and not _causal_order(failure)[0]):
-            return None
-        return failure_report.encode(failure)
+        if not old:
+            return failure_report.encode(failure)
+        recorded = _parsed(old)
+        final = {"final": 1} if failure.get("final") or recorded.get("final") else {}
+        if _causal_order(recorded)[0] and not _causal_order(failure)[0] and failure.get("rank", -1) >= 0:
+            return failure_report.encode({**failure, **final})
+        if final and not recorded.get("final"):
+            return failure_report.encode({**recorded, **final})
+        return None
 
     return _parsed(abort.update(first))
 

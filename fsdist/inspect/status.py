@@ -234,7 +234,7 @@ def _tiers(group: GroupStatus, generation: str, nodes_of: list[str], now: float)
         tiers.append(_group(f"{group.name} · leaders' tier", leaders, len(leader_ranks), leader_ranks, now))
     here = node_id()
     node = next((k for k, ranks in enumerate(nodes.members) if nodes_of[group.ranks[ranks[0]]] == here), None)
-    local = layout.node_group_dir(local_dir(), generation.removeprefix("gen-"), node or 0, group.directory)
+    local = layout.node_group_dir(local_dir(), generation.removeprefix("gen-"), here, group.directory)
     if node is not None and os.path.isdir(local):
         node_ranks = [group.ranks[r] for r in nodes.members[node]]
         tiers.append(_group(f"{group.name} · node {here}'s tier", local, len(node_ranks), node_ranks, now))
@@ -265,7 +265,7 @@ def _group_ranks(gen_dir: str, dirname: str) -> list[int] | None:
         return None
     try:
         return [int(r) for r in json.loads(raw)] if raw else None
-    except (ValueError, TypeError):
+    except (ValueError, TypeError, RecursionError):
         return None
 
 
@@ -335,10 +335,13 @@ def _add_failure_line(status: RunStatus) -> None:
         status.summary.append(str(history.get("reason")))
         return
     rounds, budget = history["rounds"], history["max_restarts"]
-    restarted = min(len(rounds), budget)
+    if not rounds:
+        return  # the job last run here had no failed round
+    restarted = sum(1 for entry in rounds if entry["round"] < budget and not entry.get("final"))
+    ended = rounds[-1]["round"] >= budget or bool(rounds[-1].get("final"))
     status.summary.append(
         f"fsdist run --max-restarts {budget} (job {history['job']}): restarted {restarted} time"
-        f"{'' if restarted == 1 else 's'}" + (", no restarts left" if len(rounds) > budget else "")
+        f"{'' if restarted == 1 else 's'}" + ("; then the job failed" if ended else "")
     )
     for entry in rounds:
         status.summary.append(f"  round {entry['round']} ended by {_failure_text(entry)}")

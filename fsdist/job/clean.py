@@ -82,15 +82,16 @@ def retire_stopped(root: str) -> None:
                     member["left"] = True
             here = node_id()
             if not any(s for m, s in zip(running, alive, strict=True) if Identity.from_json(m).placement == here):
-                remove_node_tiers([state["generation"]])  # no rank of this node runs: its tiers are over
+                remove_node_tiers([state["generation"]], here)  # no rank of this node runs: its tiers are over
             return json.dumps(state).encode() if False in alive else None
 
         record.update(mark)
 
 
-def remove_node_tiers(generation_ids: Iterable[str]) -> None:
-    """Remove this node's tier directories of these (dead) generations from its local directory."""
-    prefixes = tuple(layout.node_tier_prefix(g) for g in generation_ids if g)
+def remove_node_tiers(generation_ids: Iterable[str], node: str | None = None) -> None:
+    """Remove the tier directories of these generations from this machine's local directory:
+    every node's (dead generations), or only ``node``'s (its ranks are gone, others may run)."""
+    prefixes = tuple(layout.node_tier_prefix(g, node) for g in generation_ids if g)
     if not prefixes:
         return
     local = local_dir()

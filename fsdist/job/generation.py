@@ -81,7 +81,7 @@ class Generation:
             state["members"][str(self.rank)]["left"] = True
             mine = self.members[self.rank].placement
             if all(m.get("left") for r, m in state["members"].items() if self.members[int(r)].placement == mine):
-                remove_node_tiers([self.generation_id])  # the last of this node out (a crash leaves them)
+                remove_node_tiers([self.generation_id], mine)  # the last of this node out (a crash leaves them)
             if all(m.get("left") for m in state["members"].values()):
                 nonlocal emptied
                 emptied = True

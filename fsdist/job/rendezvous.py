@@ -32,6 +32,7 @@ from ..files.waiting import Deadline, poll
 from ..fs import guard
 from ..protocol import layout
 from ..protocol.rendezvous_record import (
+    MAX_WAITING,
     CorruptRecordError,
     conflict_message,
     mark_refused,
@@ -45,16 +46,31 @@ from .liveness import Identity, this_process
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Generation", "rendezvous"]
+__all__ = ["Generation", "membership_changes", "rendezvous"]
 
 
-def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta = DEFAULT_TIMEOUT) -> Generation:
+def rendezvous(
+    root: str,
+    rank: int | None,
+    world_size: int,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+    *,
+    min_size: int | None = None,
+    last_call: float = 0.0,
+) -> Generation:
     """Join (or start) the generation of a ``world_size``-rank job in ``root``; wait until full.
 
     ``rank=None`` takes the lowest free slot (torchrun's agents get their node rank this way).
+    With ``min_size`` (elastic: torchrun's ``--nnodes=MIN:MAX``, ``rank=None`` only) a forming
+    generation also closes with ``min_size`` or more members once no one joined for
+    ``last_call`` seconds, and a rank finding one running with room left waits in its record's
+    ``waiting`` list (its members' ``membership_changes``) until the members re-form it.
     """
     if world_size < 1 or (rank is not None and not 0 <= rank < world_size):
         raise RendezvousError(f"rank {rank} is outside a world of size {world_size}")
+    elastic = min_size is not None and min_size < world_size
+    if elastic and (rank is not None or min_size is None or min_size < 1):
+        raise RendezvousError(f"an elastic rendezvous takes slots in arrival order and 1 <= min_size: {min_size}")
     root = os.path.realpath(root)  # the run directory itself may sit behind a link (/scratch -> ...)
     make_private_dir(root)
     me = {**this_process().to_json(), "nonce": secrets.token_hex(8), **guard.describe_client(root)}
@@ -78,7 +94,13 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
             if my_slot() is not None:
                 if state.get("conflict"):
                     raise RendezvousError(state["conflict"])
+                if elastic and not state["complete"] and last_call_over(state):
+                    close(state)
+                    return json.dumps(state).encode()
                 return None  # already a member: just watching the generation fill up
+            waiting = wait_for_next_round(state) if elastic else None
+            if waiting is not None:  # on the running generation's waiting list
+                return json.dumps(state).encode() if waiting else None
             try:
                 verdict = judge(state, rank, world_size, me)
             except RendezvousError as exc:
@@ -93,6 +115,8 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
                 return json.dumps(state).encode() if retired else None
             if verdict == "replace":
                 state = new_generation(root, world_size, previous=state)
+                if elastic:
+                    state.update(min_size=min_size, max_size=world_size)
             # members known dead can never take part: free their slots rather than count them
             state["members"] = {r: m for r, m in state["members"].items() if staying(m)}
             slot = rank if rank is not None else min(set(range(world_size)) - {int(r) for r in state["members"]})
@@ -128,6 +152,34 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
                 )  # fmt: skip
             return None
 
+        seen = [0, time.monotonic()]  # members counted, and since when (this rank's own clock)
+
+        def last_call_over(state: dict[str, Any]) -> bool:
+            count = len(state["members"])
+            if count != seen[0]:
+                seen[:] = [count, time.monotonic()]
+            return count >= (min_size or world_size) and time.monotonic() - seen[1] >= last_call
+
+        def close(state: dict[str, Any]) -> None:
+            """Form the elastic generation with the members it has, numbered in slot order."""
+            members = [state["members"][r] for r in sorted(state["members"], key=int)]
+            state.update(members={str(i): m for i, m in enumerate(members)}, world_size=len(members), complete=True)
+
+        def wait_for_next_round(state: dict[str, Any]) -> bool | None:
+            """In a running elastic generation with room: be on its waiting list (True: the list
+            changed). None where that does not apply."""
+            members = state.get("members", {}).values()
+            if not (state.get("complete") and state.get("max_size") == world_size):
+                return None
+            if any(m.get("left") for m in members) or len(members) >= world_size:
+                return None  # re-forming now (join the next one), or full (a second job: refused)
+            before = state.get("waiting", [])
+            waiting = [w for w in before if w["nonce"] != me["nonce"] and staying(w)]
+            if len(waiting) >= MAX_WAITING:
+                raise RendezvousError(f"{MAX_WAITING} ranks already wait to join the job in {root}")
+            state["waiting"] = [*waiting, me]
+            return [w["nonce"] for w in before] != [w["nonce"] for w in state["waiting"]]
+
         next_note = [time.monotonic() + RENDEZVOUS_NOTE_SECONDS]
         conflict: list[RendezvousError] = []
         deadline = Deadline(timeout.total_seconds())
@@ -147,7 +199,20 @@ def rendezvous(root: str, rank: int | None, world_size: int, timeout: timedelta 
         record.close()
     rank = slot
     remove_node_tiers(final.get("replaced", []))  # what the dead generations left on this node
+    world_size = final["world_size"]  # an elastic generation formed with the members it had
     members = [Identity.from_json(final["members"][str(r)]) for r in range(world_size)]
     directory = layout.generation_dir(root, final["generation"])
     log.debug("rank %d joined generation %s in %s", rank, final["generation"], root)
     return Generation(root, final["generation"], directory, rank, world_size, members)
+
+
+def membership_changes(generation: Generation) -> int:
+    """How many members left ``generation`` (to re-form it, or for good) and how many live ranks
+    wait to join it (elastic): what its other members must re-form for. A generation no longer
+    recorded counts as one change."""
+    with LockedRecord(os.path.join(generation.root, layout.RENDEZVOUS_FILE)) as record:
+        state = parse(record.read())
+    if state.get("generation") != generation.generation_id:
+        return 1
+    left = sum(1 for r, m in state["members"].items() if m.get("left") and int(r) != generation.rank)
+    return left + sum(1 for w in state.get("waiting", []) if staying(w))

@@ -21,7 +21,7 @@ __all__ = ["MAX_BYTES", "MAX_ROUNDS", "add_round", "encode", "parse", "parse_rou
 MAX_BYTES = 256 * 1024
 #: rounds kept in the restart history (a job restarted more often keeps its first ones)
 MAX_ROUNDS = 100
-_ROUND_TEXT_BYTES = 1024  # a round's message in the history: the traceback stays in the abort record
+_ROUND_BYTES = MAX_BYTES // MAX_ROUNDS - 64  # one round's share of the history (its traceback stays in abort)
 _INT_FIELDS = ("rank", "exit_code", "final")  # final: a failure no restart may follow (a signal)
 _TEXT_FIELDS = ("type", "message", "traceback", "host", "reason")
 
@@ -40,7 +40,7 @@ def parse(raw: bytes) -> dict[str, Any]:
     """The report's known fields, each checked; ``ValueError`` if ``raw`` is not a report."""
     if len(raw) > MAX_BYTES:
         raise ValueError(f"failure report of {len(raw)} bytes is larger than {MAX_BYTES}")
-    report = json.loads(raw)
+    report = _loads(raw)
     if not isinstance(report, dict):
         raise ValueError("failure report is not a JSON object")
     checked: dict[str, Any] = {}
@@ -58,24 +58,54 @@ def parse(raw: bytes) -> dict[str, Any]:
     return checked
 
 
-def add_round(raw: bytes, job: str, max_restarts: int, round_index: int, failure: dict[str, Any]) -> bytes | None:
-    """The history ``raw`` with ``failure`` as round ``round_index``'s, if it has none yet.
+def add_round(
+    raw: bytes, job: str, max_restarts: int, round_index: int | None, failure: dict[str, Any]
+) -> bytes | None:
+    """The history ``raw`` with ``failure`` as round ``round_index``'s; None: nothing changes.
 
-    Every launcher of a round offers the round's first failure; the first offer is kept. A
-    history of another job (an earlier run in the directory) is replaced. None: nothing changes.
+    Every launcher of a round offers the round's first failure; the first offer is kept, unless
+    it was a consequence (``PeerFailedError``, ``GroupBrokenError``) and this one is not. A
+    history of another job (an earlier run in the directory), or a damaged one, is started
+    afresh; ``round_index=None`` only does that (a launcher starting a job).
     """
     try:
         history = parse_rounds(raw)
     except ValueError:
         history = {}
-    if history.get("job") != job:
+    fresh = history.get("job") != job
+    if fresh:
         history = {"format": 1, "job": job, "max_restarts": max_restarts, "rounds": []}
+    if round_index is None:
+        return json.dumps(history).encode() if fresh else None
     rounds = history["rounds"]
-    if any(entry["round"] == round_index for entry in rounds) or len(rounds) >= MAX_ROUNDS:
-        return None
-    entry = {k: v[:_ROUND_TEXT_BYTES] if isinstance(v, str) else v for k, v in failure.items() if k != "traceback"}
-    rounds.append({**entry, "round": round_index})
+    entry = _round_entry(failure, round_index)
+    same = [i for i, e in enumerate(rounds) if e["round"] == round_index]
+    if same:
+        if not (_is_consequence(rounds[same[0]]) and not _is_consequence(entry)):
+            return None
+        rounds[same[0]] = entry
+    elif len(rounds) >= MAX_ROUNDS:
+        return json.dumps(history).encode() if fresh else None
+    else:
+        rounds.append(entry)
     return json.dumps(history).encode()
+
+
+def _is_consequence(failure: dict[str, Any]) -> bool:
+    return failure.get("type") in ("PeerFailedError", "GroupBrokenError")
+
+
+def _round_entry(failure: dict[str, Any], round_index: int) -> dict[str, Any]:
+    """``failure`` without its traceback, its texts cut until it fits its share of MAX_BYTES."""
+    entry = {k: v for k, v in failure.items() if k != "traceback"}
+    entry["round"] = round_index
+    while len(json.dumps(entry)) > _ROUND_BYTES:
+        texts = [k for k, v in entry.items() if isinstance(v, str) and v]
+        if not texts:
+            break
+        longest = max(texts, key=lambda k: len(entry[k]))
+        entry[longest] = entry[longest][: len(entry[longest]) // 2]
+    return entry
 
 
 def parse_rounds(raw: bytes) -> dict[str, Any]:
@@ -84,7 +114,7 @@ def parse_rounds(raw: bytes) -> dict[str, Any]:
         raise ValueError("no restart history")
     if len(raw) > MAX_BYTES:
         raise ValueError(f"restart history of {len(raw)} bytes is larger than {MAX_BYTES}")
-    history = json.loads(raw)
+    history = _loads(raw)
     if not isinstance(history, dict) or history.get("format") != 1:
         raise ValueError("restart history is not a format-1 JSON object")
     job, max_restarts, rounds = history.get("job"), history.get("max_restarts"), history.get("rounds")
@@ -103,3 +133,11 @@ def parse_rounds(raw: bytes) -> dict[str, Any]:
             failure = {}
         checked.append({**failure, "round": index})
     return {"format": 1, "job": job, "max_restarts": max_restarts, "rounds": checked}
+
+
+def _loads(raw: bytes) -> Any:
+    """JSON, with nesting too deep for the parser reported as what it is: not a report."""
+    try:
+        return json.loads(raw)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc

@@ -22,9 +22,8 @@
           leaders/                       two-tier groups: the leaders' tier (one rank per
                                          node), with the same files as its group folder
     ENDPOINT/RUN_ID/agents/              torchrun's agents (--rdzv-backend=fsdist): a rendezvous
-        gen-<id>/restart                 how many agents asked to re-form (Counter)
     ENDPOINT/RUN_ID/workers/             their workers' run directory (a DIR as above)
-    LOCAL/fsdist-<gen id>-n<node>-<group folder>/  two-tier groups: one node's tier, same files
+    LOCAL/fsdist-<gen id>-<node hash>-<group folder>/  two-tier groups: one node's tier, same files
                                          (LOCAL: FSDIST_LOCAL_DIR, default /dev/shm; never shared)
     any folder: .tmp.<name>.<8 hex>      a file being written, renamed to <name> when complete
                                          (the file layer's own convention: files/io.py)
@@ -48,7 +47,6 @@ __all__ = [
     "LAUNCH_DIR",
     "LEADERS_DIR",
     "RENDEZVOUS_FILE",
-    "RESTART_FILE",
     "ROUNDS_FILE",
     "STORE_LOCK_FILE",
     "doorbell_file",
@@ -79,8 +77,6 @@ LEADERS_DIR = "leaders"
 ABORT_FILE = "abort"
 DONE_FILE = "done"
 ROUNDS_FILE = "rounds"
-#: In a torchrun agents' generation: how many agents asked to re-form it (Counter)
-RESTART_FILE = "restart"
 CLOSED_FILE = "closed"
 #: Store key a subgroup's rank 0 sets to the JSON list of the job ranks in the group (its
 #: folder name follows), so `fsdist status` can name job ranks.
@@ -128,17 +124,19 @@ def group_dir(generation: str, group_name: str, incarnation: int) -> str:
     return os.path.join(groups_dir(generation), f"{key_to_filename(group_name)}.{incarnation}")
 
 
-def node_group_dir(local: str, generation_id: str, node: int, group: str) -> str:
+def node_group_dir(local: str, generation_id: str, node: str, group: str) -> str:
     """Node ``node``'s tier of a group: in ``local`` (the node's own directory), named by the
-    generation, the node's number in the group and the group's folder, so no other job, group or
+    generation, the node (a hash of its id) and the group's folder, so no other job, group or
     node shares it (nodes may share a ``local``: containers with one /dev/shm, nodes simulated
-    on one machine)."""
-    return os.path.join(local, f"{node_tier_prefix(generation_id)}n{node}-{os.path.basename(group)}")
+    on one machine), and a node's tiers can be removed without touching another's."""
+    return os.path.join(local, f"{node_tier_prefix(generation_id, node)}{os.path.basename(group)}")
 
 
-def node_tier_prefix(generation_id: str) -> str:
-    """What the names of a generation's node tiers begin with (to remove them all)."""
-    return f"fsdist-{generation_id}-"
+def node_tier_prefix(generation_id: str, node: str | None = None) -> str:
+    """What the names of a generation's node tiers begin with: all of them, or ``node``'s."""
+    if node is None:
+        return f"fsdist-{generation_id}-"
+    return f"fsdist-{generation_id}-{hashlib.sha256(node.encode()).hexdigest()[:12]}-"
 
 
 def state_file(group: str, rank: int) -> str:

@@ -7,7 +7,11 @@ One JSON object, read and written only under an fcntl lock (job/ does the lockin
                             "node": str, "nonce": str, "client"?: str, "fs_hazard"?: str,
                             "fs_local_hazard"?: str, "left"?: bool, "refused"?: str, ...}},
      "conflict"?: "<why every member must fail>",
-     "replaced"?: ["<16 hex>", ...]}   dead generations this one replaced (their node tiers go too)
+     "replaced"?: ["<16 hex>", ...],   dead generations this one replaced (their node tiers go too)
+     "min_size"?: M, "max_size"?: N,   an elastic generation (torchrun --nnodes=M:N): it forms with
+                                       N members, or with M or more once none joined for a while;
+                                       world_size is N while forming, then the members counted
+     "waiting"?: [<member>, ...]}      ranks waiting to join an elastic generation's next round
 
 An empty file means "no job". JSON, never pickle: the directory is shared with other users, so
 ``parse`` checks every field it relies on and names the file's fault instead of failing later
@@ -23,7 +27,15 @@ from typing import Any
 
 from ..errors import ProtocolError, RendezvousError
 
-__all__ = ["FORMAT", "CorruptRecordError", "conflict_message", "mark_refused", "parse", "retire_own_stale_entries"]
+__all__ = [
+    "FORMAT",
+    "MAX_WAITING",
+    "CorruptRecordError",
+    "conflict_message",
+    "mark_refused",
+    "parse",
+    "retire_own_stale_entries",
+]
 
 
 class CorruptRecordError(RendezvousError, ProtocolError):
@@ -35,6 +47,8 @@ FORMAT = 1
 #: at most this many replaced generation ids are recorded (a directory holds one generation at a
 #: time; more than one is left only by crashes during a replacement)
 MAX_REPLACED = 16
+#: at most this many ranks wait to join a running elastic generation (more are refused)
+MAX_WAITING = 64
 _GENERATION_ID = re.compile(r"[0-9a-f]{16}")
 _MEMBER_FIELDS = {"host": str, "pid": int, "start_time": int, "nonce": str}
 _OPTIONAL_FIELDS = {"machine": str, "node": str, "left": bool, "refused": str, "client": str, "fs_hazard": str}
@@ -46,7 +60,7 @@ def parse(raw: bytes) -> dict[str, Any]:
         return {}
     try:
         state = json.loads(raw)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise CorruptRecordError(f"the rendezvous file is not valid JSON (foreign or corrupt): {exc}") from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CorruptRecordError(f"the rendezvous file has an unknown format: {str(state)[:200]}")
@@ -69,18 +83,35 @@ def _problem(state: dict[str, Any]) -> str | None:
         return "replaced"
     if not all(isinstance(g, str) and _GENERATION_ID.fullmatch(g) for g in replaced):
         return "replaced"
+    if "min_size" in state or "max_size" in state:
+        low, high = state.get("min_size"), state.get("max_size")
+        if type(low) is not int or type(high) is not int or not 1 <= low <= high or world > high:
+            return "min_size or max_size"
+    waiting = state.get("waiting", [])
+    if not (isinstance(waiting, list) and len(waiting) <= MAX_WAITING):
+        return "waiting"
+    for index, member in enumerate(waiting):
+        problem = _member_problem(member)
+        if problem:
+            return f"waiting member {index}'s {problem}"
     members = state.get("members")
     if not isinstance(members, dict):
         return "members"
     for rank, member in members.items():
-        if not (isinstance(rank, str) and rank.isdigit() and int(rank) < world and isinstance(member, dict)):
+        if not (isinstance(rank, str) and rank.isdigit() and int(rank) < world):
             return f"member {rank!r}"
-        for name, kind in _MEMBER_FIELDS.items():
-            if type(member.get(name)) is not kind:
-                return f"member {rank}'s {name}"
-        for name, kind in _OPTIONAL_FIELDS.items():
-            if name in member and type(member[name]) is not kind:
-                return f"member {rank}'s {name}"
+        problem = _member_problem(member)
+        if problem:
+            return f"member {rank}'s {problem}"
+    return None
+
+
+def _member_problem(member: Any) -> str | None:
+    if not isinstance(member, dict):
+        return "entry"
+    for name, kind in {**_MEMBER_FIELDS, **_OPTIONAL_FIELDS}.items():
+        if (name in _MEMBER_FIELDS or name in member) and type(member.get(name)) is not kind:
+            return name
     return None
 
 
