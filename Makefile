@@ -40,7 +40,8 @@ test-gluster:
 # Kernel NFS v3 and v4.2 in a QEMU VM (root; ~25 minutes of software emulation); result in
 # /var/tmp/fsdist-nfs-vm/result.txt. Needs the .venv of `make test` (the VM runs it over 9p).
 # Ends with the RPC count (NFS RPCs per small all_reduce/barrier per rank, by type);
-# `make test-nfs FSDIST_NFS_CHECK=rpc` runs only that (FSDIST_NFS_RPC_OPS: ops per loop, 200).
+# `make test-nfs FSDIST_NFS_CHECK=rpc` runs only that (FSDIST_NFS_RPC_OPS: ops per loop, 200);
+# `FSDIST_NFS_CHECK=restart` runs only checked all_reduces while the NFS server restarts.
 test-nfs:
 	scripts/setup-venv.sh .venv test
 	FSDIST_NFS_CHECK=$(FSDIST_NFS_CHECK) FSDIST_NFS_RPC_OPS=$(FSDIST_NFS_RPC_OPS) scripts/nfs-vm/run.sh

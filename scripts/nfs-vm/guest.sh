@@ -6,7 +6,8 @@
 #         with its own hostname, so the server sees a second client with its own identity
 #         (one identity shared by both mounts would make them one client, with one cache)
 # $3 (FSDIST_NFS_CHECK in run.sh): "all" = doctor, the 4-rank check, then the RPC count;
-# "rpc" = only the RPC count (rpc_count.py: NFS RPCs per small all_reduce and per barrier per rank)
+# "rpc" = only the RPC count (rpc_count.py: NFS RPCs per small all_reduce and per barrier per rank);
+# "restart" = only the server restart (restart_ranks.py: checked all_reduces while nfsd restarts)
 repo=$1 work=$2 check=${3:-all} rpc_ops=${4:-200}
 set -x
 export PATH=/usr/sbin:/usr/bin:/sbin:/bin PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
@@ -78,7 +79,29 @@ rpc_suite() {
   rm -rf /mnt/a/rpcjob
 }
 
+# restart_suite LABEL: 4 ranks run checked all_reduces while the NFS server restarts under them
+# (hard mounts: the clients retry; v4 state and NLM locks are reclaimed in the grace period)
+restart_suite() {
+  echo "== $1: server restart, ranks 0-1 through /mnt/a, 2-3 through /mnt/b"
+  mkdir -p /mnt/a/rsjob; chmod 700 /mnt/a/rsjob
+  local start=$(date +%s) out=/run/restart.out
+  : >$out
+  for r in 0 1 2 3; do
+    d=/mnt/a/rsjob; [ $r -ge 2 ] && d=/mnt/b/rsjob
+    timeout -s USR1 -k 30 1200 $py "$repo/scripts/nfs-vm/restart_ranks.py" $d $r 4 "$1" 400 >>$out 2>&1 &
+  done
+  while [ "$(grep -c '^rank [0-3] ready' $out)" -lt 4 ] && [ $(( $(date +%s) - start )) -lt 900 ]; do sleep 1; done
+  echo "ranks ready after $(( $(date +%s) - start )) s; restarting the NFS server (nfsd threads to 0, 5 s, then 8)"
+  rpc.nfsd 0; sleep 5; rpc.nfsd 8
+  echo "server back after $(( $(date +%s) - start )) s"
+  wait
+  grep -E "^rank [0-3] (PASS|FAIL)" $out
+  echo "server-restart check done in $(( $(date +%s) - start )) s"
+  rm -rf /mnt/a/rsjob
+}
+
 checks() {
+  if [ "$check" = restart ]; then restart_suite "$1"; return; fi
   [ "$check" = rpc ] || suite "$1"
   rpc_suite "$1"
 }
@@ -99,6 +122,14 @@ umount /mnt/a /mnt/b
 {
   cat "$work/result.raw"
   for v in "NFS v3" "NFS v4.2"; do
+    if [ "$check" = restart ]; then
+      passes=$(grep -c "^rank [0-3] PASS ($v, server restart)" "$work/result.raw")
+      wrong=$(grep -c "^rank [0-3] FAIL WrongResultError" "$work/result.raw")
+      [ "$wrong" = 0 ] || echo "RESULT FAIL ($v, server restart: a wrong result)"
+      [ "$passes" = 4 ] && echo "RESULT PASS ($v, server restart: completed, correct)" \
+        || echo "RESULT NOTE ($v, server restart: $passes of 4 ranks completed; the others failed with the errors above)"
+      continue
+    fi
     if [ "$check" != rpc ]; then
       passes=$(grep -c "^rank [0-3] PASS ($v)" "$work/result.raw")
       [ "$passes" = 4 ] && echo "RESULT PASS ($v, two clients)" || echo "RESULT FAIL ($v: $passes of 4 ranks passed)"
@@ -106,6 +137,8 @@ umount /mnt/a /mnt/b
     passes=$(grep -c "^rank [0-3] PASS ($v, RPC count)" "$work/result.raw")
     [ "$passes" = 4 ] && echo "RESULT PASS ($v, RPC count)" || echo "RESULT FAIL ($v, RPC count: $passes of 4 ranks passed)"
   done
-  echo "== RPCs per op (per second when idle) per rank, by type"
-  $py "$repo/scripts/nfs-vm/mountstats.py" summary "$work/result.raw"
+  if [ "$check" != restart ]; then
+    echo "== RPCs per op (per second when idle) per rank, by type"
+    $py "$repo/scripts/nfs-vm/mountstats.py" summary "$work/result.raw"
+  fi
 } >"$work/result.txt"

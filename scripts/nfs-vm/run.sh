@@ -9,7 +9,9 @@
 # Then, on each version, the RPC count (rpc_count.py): the NFS RPCs per small all_reduce, per
 # barrier and per idle second per rank, by type, from the client's own counters.
 # FSDIST_NFS_CHECK=rpc runs only the RPC count (no doctor, no 4-rank check, no DDP);
-# FSDIST_NFS_RPC_OPS sets the ops per measured loop (default 200).
+# FSDIST_NFS_RPC_OPS sets the ops per measured loop (default 200). FSDIST_NFS_CHECK=restart runs
+# only the server restart: 4 ranks' checked all_reduces while the NFS server restarts under them
+# (restart_ranks.py); the job must complete with correct results or fail with a clear error.
 # Result: the work folder's result.txt (also printed). ~25 minutes under software emulation (RPC count only: 11-15).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,7 +30,7 @@ for path in "$repo" "$work"; do
   done
 done
 check=${FSDIST_NFS_CHECK:-all} rpc_ops=${FSDIST_NFS_RPC_OPS:-200}
-case "$check" in all|rpc) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default) or rpc, not '$check'" >&2; exit 2;; esac
+case "$check" in all|rpc|restart) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default), rpc or restart, not '$check'" >&2; exit 2;; esac
 case "$rpc_ops" in ''|*[!0-9]*) echo "test-nfs: FSDIST_NFS_RPC_OPS must be a number, not '$rpc_ops'" >&2; exit 2;; esac
 [ "$(id -u)" = 0 ] || { echo "test-nfs: needs root" >&2; exit 77; }
 need=()
