@@ -19,7 +19,7 @@ import zlib
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from fsdist.c10d.store_rendezvous import _parse_member
@@ -183,6 +183,7 @@ def _json_variants(valid: dict) -> st.SearchStrategy[bytes]:
 
 @FUZZ
 @given(raw=st.one_of(_mutations(VALID_RENDEZVOUS), _json_variants(json.loads(VALID_RENDEZVOUS))))
+@example(raw=VALID_RENDEZVOUS.replace(b'"1": {', b'"\\u00b2": {'))  # a Unicode digit as a rank: found at 10,000
 def test_a_rendezvous_record_is_read_or_refused_as_corrupt(raw: bytes) -> None:
     try:
         state = rendezvous_record.parse(raw)

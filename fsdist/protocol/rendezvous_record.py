@@ -50,6 +50,7 @@ MAX_REPLACED = 16
 #: at most this many ranks wait to join a running elastic generation (more are refused)
 MAX_WAITING = 64
 _GENERATION_ID = re.compile(r"[0-9a-f]{16}")
+_RANK = re.compile(r"[0-9]{1,9}")
 _MEMBER_FIELDS = {"host": str, "pid": int, "start_time": int, "nonce": str}
 _OPTIONAL_FIELDS = {"machine": str, "node": str, "left": bool, "refused": str, "client": str, "fs_hazard": str}
 
@@ -98,7 +99,7 @@ def _problem(state: dict[str, Any]) -> str | None:
     if not isinstance(members, dict):
         return "members"
     for rank, member in members.items():
-        if not (isinstance(rank, str) and rank.isdigit() and int(rank) < world):
+        if not (isinstance(rank, str) and _RANK.fullmatch(rank) and int(rank) < world):  # "²" is a digit too
             return f"member {rank!r}"
         problem = _member_problem(member)
         if problem:
