@@ -34,7 +34,7 @@ def test_a_two_word_command_wins_over_its_first_word(capsys) -> None:
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--max-restarts", "3", "--nproc-per-node", "4", "--dir", "D", "train.py"],  # as a user typed it
+        ["--rdzv-backend", "c10d", "--nproc-per-node", "4", "--dir", "D", "train.py"],  # torchrun's habit
         ["--nproc-per-node", "4", "--dir", "D", "--bogus=1", "train.py"],
         ["--nproc-per-node=4", "--bogus", "--dir", "D", "train.py"],
     ],
@@ -44,7 +44,7 @@ def test_run_names_an_unknown_option_before_the_script(capsys, argv) -> None:
         main(["run", *argv])
     assert usage_exit.value.code == 2
     err = capsys.readouterr().err
-    unknown = next(a for a in argv if a.startswith(("--max", "--bogus"))).split("=")[0]
+    unknown = next(a for a in argv if a.startswith(("--rdzv", "--bogus"))).split("=")[0]
     assert f"unknown option {unknown}" in err, err
     assert "required" not in err, err
 

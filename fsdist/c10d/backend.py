@@ -147,11 +147,11 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                         self._t.enter(seq, description)
                         run(staging)
                     staging.finish()
-            except OSError as exc:  # the filesystem failed (EIO, ENOSPC, ...): say where it happened
-                error = f"{type(exc).__name__}: {exc}"
-                raise FsdistError(f"rank {self.rank()}, operation #{seq} '{description}': {exc}") from exc
             except BaseException as exc:
                 error = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, OSError) and not isinstance(exc, FsdistError):  # FsdistTimeoutError is one
+                    # the filesystem failed (EIO, ENOSPC, ...): say where it happened
+                    raise FsdistError(f"rank {self.rank()}, operation #{seq} '{description}': {exc}") from exc
                 raise
             finally:
                 if self._debug:
