@@ -48,33 +48,22 @@ def _node_env(tmp: Path, node: int) -> dict[str, str]:
 
 
 def _fsdist_run(tmp: Path, restarts: int, *extra: str) -> list[subprocess.CompletedProcess[str]]:
-    """Two launchers of 2 ranks each, run to the end."""
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fsdist",
-                "run",
-                "--dir",
-                str(tmp / "run"),
-                "--nproc-per-node",
-                "2",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(node),
-                "--max-restarts",
-                str(restarts),
-                *_script_args(tmp, *extra),
-            ],
-            env=_node_env(tmp, node),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for node in (0, 1)
-    ]
+    """Two launchers of 2 ranks each running the example, run to the end."""
+    return _two_launchers(tmp, _script_args(tmp, *extra), restarts)
+
+
+def _two_launchers(
+    tmp: Path, script: list[str], restarts: int = 0, shared_local: Path | None = None
+) -> list[subprocess.CompletedProcess[str]]:
+    """`fsdist run` twice, as nodes 0 and 1 (own local directories unless ``shared_local``)."""
+    procs = []
+    for node in (0, 1):
+        env = _node_env(tmp, node)
+        if shared_local is not None:
+            env["FSDIST_LOCAL_DIR"] = str(shared_local)
+        command = [sys.executable, "-m", "fsdist", "run", "--dir", str(tmp / "run"), "--nproc-per-node", "2",
+                   "--nnodes", "2", "--node-rank", str(node), "--max-restarts", str(restarts), *script]  # fmt: skip
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=300)
@@ -314,32 +303,8 @@ def test_nodes_sharing_a_local_directory_remove_only_their_own_tiers(tmp_path) -
     script.write_text(LATE_LEAVER)
     shared = tmp_path / "local"
     shared.mkdir()
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fsdist",
-                "run",
-                "--dir",
-                str(tmp_path / "run"),
-                "--nproc-per-node",
-                "2",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(node),
-                str(script),
-            ],
-            env={**os.environ, "FSDIST_NODE_ID": f"node{node}", "FSDIST_LOCAL_DIR": str(shared)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for node in (0, 1)
-    ]
-    results = [proc.communicate(timeout=120) for proc in procs]
-    assert [proc.returncode for proc in procs] == [0, 0], "\n".join(err[-3000:] for _, err in results)
+    results = _two_launchers(tmp_path, [str(script)], shared_local=shared)
+    assert [r.returncode for r in results] == [0, 0], "\n".join(r.stderr[-3000:] for r in results)
     assert not list(shared.iterdir()), "node tiers left behind"
 
 
