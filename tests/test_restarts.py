@@ -160,25 +160,19 @@ def test_restart_history_is_parsed_not_trusted() -> None:
             failure_report.parse_rounds(bad)
 
 
+def _torchrun(tmp: Path, node: int, nnodes: str, *rest: str) -> list[str]:
+    """torchrun for agent ``node`` over the fsdist rendezvous, 2 workers, up to 3 restarts."""
+    return [sys.executable, "-m", "torch.distributed.run", f"--log-dir={tmp / f'logs{node}'}", "--rdzv-backend=fsdist",
+            f"--rdzv-endpoint={tmp / 'endpoint'}", "--rdzv-id=job", f"--nnodes={nnodes}", "--nproc-per-node=2",
+            "--max-restarts=3", "--monitor-interval=0.2", *rest]  # fmt: skip
+
+
 def test_torchrun_max_restarts_over_the_fsdist_rendezvous(tmp_path, uninterrupted) -> None:
     """torch's own agents restart the job: the one whose worker died, and the other one on its
     ``num_nodes_waiting``; the run ends as if uninterrupted."""
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                f"--log-dir={tmp_path / f'logs{node}'}",
-                "--rdzv-backend=fsdist",
-                f"--rdzv-endpoint={tmp_path / 'endpoint'}",
-                "--rdzv-id=job",
-                "--nnodes=2",
-                "--nproc-per-node=2",
-                "--max-restarts=3",
-                "--monitor-interval=0.2",
-                *_script_args(tmp_path, "--kill-rank", "2", "--kill-at-step", "7"),
-            ],
+            _torchrun(tmp_path, node, "2", *_script_args(tmp_path, "--kill-rank", "2", "--kill-at-step", "7")),
             env=_node_env(tmp_path, node),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -220,19 +214,11 @@ def test_torchrun_elastic_range_reforms_when_a_node_joins_and_when_it_leaves(tmp
     def agent(node: int) -> subprocess.Popen[bytes]:
         with open(logs[node], "wb") as log:
             return subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "torch.distributed.run",
-                    f"--log-dir={tmp_path / f'logs{node}'}",
-                    "--rdzv-backend=fsdist",
-                    f"--rdzv-endpoint={tmp_path / 'endpoint'}",
-                    "--rdzv-id=job",
-                    "--nnodes=1:2",
+                _torchrun(
+                    tmp_path,
+                    node,
+                    "1:2",
                     "--rdzv-conf=last_call_timeout=1",
-                    "--nproc-per-node=2",
-                    "--max-restarts=3",
-                    "--monitor-interval=0.2",
                     EXAMPLE,
                     "--steps",
                     "400",
@@ -242,7 +228,7 @@ def test_torchrun_elastic_range_reforms_when_a_node_joins_and_when_it_leaves(tmp
                     "0.05",
                     "--checkpoint",
                     str(tmp_path / "ckpt"),
-                ],
+                ),
                 env=_node_env(tmp_path, node),
                 stdout=log,
                 stderr=subprocess.STDOUT,
