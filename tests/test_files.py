@@ -298,3 +298,49 @@ def test_a_waiter_spins_only_while_the_run_queue_leaves_a_core_free(tmp_path) ->
     loadavg.write_text("garbage")
     assert RunQueue(str(loadavg), cores=2).core_free() is True  # unknown: decided by rank count alone
     assert RunQueue(str(tmp_path / "missing"), cores=2).core_free() is True
+
+
+def _hold_lock(path: str, ready, release) -> None:
+    with LockedRecord(path) as record, record.held():
+        ready.set()
+        release.wait(30)
+
+
+def test_a_busy_lock_is_judged_while_waited_for_and_never_waits_past_its_limit(tmp_path, monkeypatch) -> None:
+    """Another process holds the lock and does not let go (stopped, stalled): the wait is judged
+    by ``on_wait`` (a group's health check) or fails after LOCK_TIMEOUT_SECONDS, naming the file;
+    ``try_read`` does not wait at all. Released, the lock is taken again at once."""
+    import time
+
+    from fsdist.errors import FsdistTimeoutError
+    from fsdist.files import locks
+
+    path = str(tmp_path / "record")
+    LockedRecord(path).write(b"12345678")
+    ready, release = CTX.Event(), CTX.Event()
+    holder = CTX.Process(target=_hold_lock, args=(path, ready, release))
+    holder.start()
+    try:
+        assert ready.wait(30)
+        waits: list[float] = []
+
+        def judge(waited: float) -> None:
+            waits.append(waited)
+            if waited > 0.3:
+                raise RuntimeError("the holder is stopped")
+
+        with LockedRecord(path, on_wait=judge) as record, pytest.raises(RuntimeError, match="stopped"):
+            record.read()
+        assert len(waits) >= 2 and waits == sorted(waits), waits
+        monkeypatch.setattr(locks, "LOCK_TIMEOUT_SECONDS", 0.3)
+        started = time.monotonic()
+        with LockedRecord(path) as record, pytest.raises(FsdistTimeoutError, match=f"Timed out .* lock on {path}"):
+            record.write(b"x")
+        assert time.monotonic() - started < 5
+        with Counter(path) as counter:
+            assert counter.try_get() is None
+    finally:
+        release.set()
+        holder.join(30)
+    with Counter(path) as counter:
+        assert counter.try_get() == counter.get() == int.from_bytes(b"12345678", "little", signed=True)

@@ -7,6 +7,7 @@ set far above the harness's case deadline, so only dead-peer detection can pass 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import random
@@ -20,6 +21,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+
+from fsdist.files.locks import LockedRecord
 
 import cases_reliability as cases
 from harness import RankPool
@@ -148,17 +151,27 @@ def _rank_pid(proc: subprocess.Popen[str], other_machine: bool) -> int:
         return int(children.read().split()[0])
 
 
-def test_a_rank_stopped_by_sigstop_is_reported_as_stalled(tmp_path) -> None:
-    """Alive to /proc but running nothing: its peer judges it by its heartbeat and fails cleanly."""
+@pytest.mark.parametrize("holding", ["nothing", "its locks"])
+def test_a_rank_stopped_by_sigstop_is_reported_as_stalled(tmp_path, holding: str) -> None:
+    """Alive to /proc but running nothing: its peer judges it by its heartbeat and fails cleanly,
+    even where it stopped holding the lock on its record and its heartbeat (the test holds them
+    for it: a stop inside a lock is otherwise a matter of luck) and the peer waits for the lock."""
     env = {**os.environ, "FSDIST_HEARTBEAT_TIMEOUT": "2", "PYTHONUNBUFFERED": "1"}
     ranks = [_rank(tmp_path, rank, 2, env) for rank in (0, 1)]
     try:
-        assert [p.stdout.readline().strip() for p in ranks if p.stdout] == ["ready", "ready"]
-        stopped_at = time.time()
-        os.kill(ranks[1].pid, signal.SIGSTOP)
-        assert ranks[0].stdout is not None
-        _, raised_at, text = ranks[0].stdout.readline().strip().split(" ", 2)
-        ranks[0].wait(60)
+        with contextlib.ExitStack() as held:
+            assert [p.stdout.readline().strip() for p in ranks if p.stdout] == ["ready", "ready"]
+            if holding == "its locks":
+                names = ("state.r1", "heartbeat.r1")
+                paths = [os.path.join(d, n) for d, _, files in os.walk(tmp_path) for n in files if n in names]
+                assert len(paths) == 2, paths
+                for path in paths:
+                    held.enter_context(held.enter_context(LockedRecord(path, create=False)).held())
+            stopped_at = time.time()
+            os.kill(ranks[1].pid, signal.SIGSTOP)
+            assert ranks[0].stdout is not None
+            _, raised_at, text = ranks[0].stdout.readline().strip().split(" ", 2)
+            ranks[0].wait(60)
         print(f"\nstopped rank declared stalled after {float(raised_at) - stopped_at:.2f} s: {text}")
         assert text.startswith("PeerFailedError") and "rank 1" in text, text
         assert "its process is stopped" in text and "stopped its heartbeat" in text, text

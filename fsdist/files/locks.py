@@ -27,48 +27,92 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from ..defaults import (
+    FIRST_SLEEP_SECONDS,
+    HEALTH_CHECK_SECONDS,
+    LOCK_MAX_SLEEP_SECONDS,
+    LOCK_SPIN_SECONDS,
+    LOCK_TIMEOUT_SECONDS,
+    LONG_SLEEP_SECONDS,
+    LONG_WAIT_SECONDS,
+)
+from ..errors import FsdistTimeoutError
 from .io import open_file, retrying, unlink_quietly
 
-_OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", None)
+_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
 _FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: type, whence, start, len, pid (0 for OFD)
 SHARED, EXCLUSIVE, UNLOCK = fcntl.F_RDLCK, fcntl.F_WRLCK, fcntl.F_UNLCK
+_POSIX = {SHARED: fcntl.LOCK_SH, EXCLUSIVE: fcntl.LOCK_EX, UNLOCK: fcntl.LOCK_UN}
+
+#: Called every HEALTH_CHECK_SECONDS while a lock is busy, with the seconds waited so far; it
+#: raises to end the wait (the holder is dead or stopped, the group aborted, time is up).
+OnWait = Callable[[float], None]
+
+__all__ = [
+    "EXCLUSIVE", "SHARED", "UNLOCK", "Counter", "LockedRecord", "OnWait", "lock", "read_locked", "try_lock",
+]  # fmt: skip
 
 
-def lock(fd: int, kind: int) -> None:
-    """Lock (or unlock) the whole file: an OFD lock where available, else a POSIX one."""
-    global _OFD_SETLKW
+def lock(fd: int, kind: int, path: str = "", on_wait: OnWait | None = None) -> None:
+    """Lock (or unlock) the whole file: an OFD lock where available, else a POSIX one.
+
+    Never a blocking F_SETLKW: a holder that stops (SIGSTOP, a debugger, a stalled machine)
+    would keep every waiter in the kernel past any deadline, where no health check runs. A
+    busy lock is retried instead: at once for LOCK_SPIN_SECONDS (healthy holders keep a lock
+    for microseconds), then with doubling pauses, short ones first (a waiter that sleeps long
+    loses the lock to those that retry sooner), long ones once the wait is long (on NFS each
+    retry is a call to the server). ``on_wait`` judges a long wait; without one the wait fails
+    after LOCK_TIMEOUT_SECONDS.
+    """
+    if _try(fd, kind):
+        return
+    start = time.monotonic()
+    next_check = start + HEALTH_CHECK_SECONDS
+    pause = 0.0
+    while True:
+        if pause:
+            time.sleep(pause)
+        else:
+            os.sched_yield()
+        if _try(fd, kind):
+            return
+        now = time.monotonic()
+        if now - start >= LOCK_SPIN_SECONDS:
+            cap = LOCK_MAX_SLEEP_SECONDS if now - start < LONG_WAIT_SECONDS else LONG_SLEEP_SECONDS
+            pause = min(max(pause * 2, FIRST_SLEEP_SECONDS), cap)
+        if now >= next_check:
+            next_check = now + HEALTH_CHECK_SECONDS
+            if on_wait is not None:
+                on_wait(now - start)
+            elif now - start >= LOCK_TIMEOUT_SECONDS:
+                raise FsdistTimeoutError(
+                    f"Timed out after {now - start:.1f} s waiting for the lock on {path or f'descriptor {fd}'}: "
+                    "another process holds it and does not let go (stopped, or stalled on the filesystem)"
+                )
+
+
+def _try(fd: int, kind: int) -> bool:
+    """One attempt at ``kind`` without waiting: True if done, False if another holder conflicts."""
+    global _OFD_SETLK
     while True:
         try:
-            if _OFD_SETLKW is not None:
-                fcntl.fcntl(fd, _OFD_SETLKW, _FLOCK.pack(kind, os.SEEK_SET, 0, 0, 0))
+            if _OFD_SETLK is not None:
+                fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, 0, 0, 0))
             else:
-                posix = {SHARED: fcntl.LOCK_SH, EXCLUSIVE: fcntl.LOCK_EX, UNLOCK: fcntl.LOCK_UN}[kind]
-                fcntl.lockf(fd, posix)
-            return
+                fcntl.lockf(fd, _POSIX[kind] | (fcntl.LOCK_NB if kind != UNLOCK else 0))
+            return True
         except OSError as exc:
-            if exc.errno == errno.EINVAL and _OFD_SETLKW is not None:
-                _OFD_SETLKW = None  # this kernel or filesystem has no OFD locks: POSIX locks then
-            elif exc.errno in (errno.EINTR, errno.EDEADLK):  # EDEADLK: POSIX locks' false cycles
-                time.sleep(1e-4)
-            else:
+            if exc.errno in (errno.EAGAIN, errno.EACCES):
+                return False
+            if exc.errno == errno.EINVAL and _OFD_SETLK is not None:
+                _OFD_SETLK = None  # this kernel or filesystem has no OFD locks: POSIX locks then
+            elif exc.errno != errno.EINTR:
                 raise
-
-
-__all__ = ["EXCLUSIVE", "SHARED", "UNLOCK", "Counter", "LockedRecord", "lock", "read_locked", "try_lock"]
 
 
 def try_lock(fd: int) -> bool:
     """Take an exclusive lock without waiting: True if taken, False if another holder has one."""
-    try:
-        if _OFD_SETLKW is not None:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(EXCLUSIVE, os.SEEK_SET, 0, 0, 0))
-        else:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES):
-            return False
-        raise
+    return _try(fd, EXCLUSIVE)
 
 
 def read_locked(path: str, size: int | None = None) -> tuple[bytes, float | None]:
@@ -80,7 +124,7 @@ def read_locked(path: str, size: int | None = None) -> tuple[bytes, float | None
     except (FileNotFoundError, NotADirectoryError):
         return b"", None
     try:
-        lock(fd, SHARED)
+        lock(fd, SHARED, path)
         try:
             stat = os.fstat(fd)
             return os.pread(fd, stat.st_size if size is None else size, 0), stat.st_mtime
@@ -125,28 +169,45 @@ def _open_record(path: str, create: bool) -> int:
 class LockedRecord:
     """A file whose reads and writes happen under an fcntl lock on a descriptor kept open."""
 
-    def __init__(self, path: str, create: bool = True) -> None:
+    def __init__(self, path: str, create: bool = True, on_wait: OnWait | None = None) -> None:
+        """``on_wait``: judges a wait for a busy lock (see ``lock``); a group passes its health
+        check, so a peer stopped while holding the lock fails the wait as a stopped peer."""
         self.path = path
         self._fd = _open_record(path, create)
         self._thread_lock = threading.Lock()
+        self._on_wait = on_wait
+
+    def _lock(self, kind: int) -> None:
+        lock(self._fd, kind, self.path, self._on_wait)
 
     def read(self, offset: int = 0, size: int | None = None) -> bytes:
         """Read ``size`` bytes (or to the end) at ``offset`` under a shared lock."""
         with self._thread_lock:
-            lock(self._fd, SHARED)
+            self._lock(SHARED)
             try:
                 return self._read_unlocked(offset, size)
             finally:
-                lock(self._fd, UNLOCK)
+                self._lock(UNLOCK)
+
+    def try_read(self, offset: int = 0, size: int | None = None) -> bytes | None:
+        """Like ``read``, or None at once if a writer holds the lock: for a watcher that must not
+        wait on the process it watches."""
+        with self._thread_lock:
+            if not _try(self._fd, SHARED):
+                return None
+            try:
+                return self._read_unlocked(offset, size)
+            finally:
+                self._lock(UNLOCK)
 
     def write(self, data: bytes, offset: int = 0) -> None:
         """Overwrite ``len(data)`` bytes at ``offset`` under an exclusive lock."""
         with self._thread_lock:
-            lock(self._fd, EXCLUSIVE)
+            self._lock(EXCLUSIVE)
             try:
                 self._write_unlocked(data, offset)
             finally:
-                lock(self._fd, UNLOCK)
+                self._lock(UNLOCK)
 
     def update(self, change: Callable[[bytes], bytes | None]) -> bytes:
         """Replace the whole content with ``change(old)`` atomically; ``None`` keeps it.
@@ -154,7 +215,7 @@ class LockedRecord:
         Returns the content in force afterwards. This is the compare-and-set building block.
         """
         with self._thread_lock:
-            lock(self._fd, EXCLUSIVE)
+            self._lock(EXCLUSIVE)
             try:
                 old = self._read_unlocked(0, None)
                 new = change(old)
@@ -165,7 +226,7 @@ class LockedRecord:
                     retrying(lambda: os.ftruncate(self._fd, len(new)))
                 return new
             finally:
-                lock(self._fd, UNLOCK)
+                self._lock(UNLOCK)
 
     def _read_unlocked(self, offset: int, size: int | None) -> bytes:
         if size is None:
@@ -192,11 +253,11 @@ class LockedRecord:
     def held(self, kind: int = EXCLUSIVE) -> Iterator[None]:
         """Hold the lock for a while (a probe testing that it excludes others)."""
         with self._thread_lock:
-            lock(self._fd, kind)
+            self._lock(kind)
             try:
                 yield
             finally:
-                lock(self._fd, UNLOCK)
+                self._lock(UNLOCK)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -231,6 +292,11 @@ class Counter:
 
     def get(self) -> int:
         return _decode(self._record.read(0, 8))
+
+    def try_get(self) -> int | None:
+        """The value, or None if a writer holds the lock right now (see ``LockedRecord.try_read``)."""
+        raw = self._record.try_read(0, 8)
+        return None if raw is None else _decode(raw)
 
     def add(self, amount: int) -> int:
         """Add ``amount`` and return the new value."""

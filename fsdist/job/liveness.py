@@ -162,7 +162,7 @@ class PeerWatch:
         self._names = list(names) if names is not None else list(range(len(members)))
         self._paths = list(heartbeat_paths)
         self._counters: dict[int, Counter] = {}
-        self._last: dict[int, tuple[int, float]] = {}
+        self._last: dict[int, tuple[int | None, float]] = {}
         self.timeout = float(os.environ.get(ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS))
 
     def dead_reason(self, rank: int) -> str | None:
@@ -178,9 +178,11 @@ class PeerWatch:
         counter = self._counters.get(rank)
         if counter is None:
             counter = self._counters[rank] = Counter(self._paths[rank])
-        beat, now = counter.get(), time.monotonic()
+        # never wait for the lock: its holder may be the stopped process itself (its heartbeat
+        # thread, stopped mid-beat); a beat not readable now counts as one that did not move
+        beat, now = counter.try_get(), time.monotonic()
         last = self._last.get(rank)
-        if last is None or beat != last[0]:
+        if last is None or (beat is not None and beat != last[0]):
             self._last[rank] = (beat, now)
             return None
         if now - last[1] > self.timeout:

@@ -17,7 +17,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..defaults import LONG_SLEEP_SECONDS, RING_SPIN_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
@@ -54,7 +54,7 @@ class Progress:
         self.step = 0
         self.description = ""
         self._flags = 0
-        self._records = [LockedRecord(layout.state_file(directory, r)) for r in range(size)]
+        self._records = [LockedRecord(layout.state_file(directory, r), on_wait=self._lock_wait(r)) for r in range(size)]
         self._abort = LockedRecord(os.path.join(directory, layout.ABORT_FILE))
         #: the highest operation each peer was seen in, and the furthest (operation, step) it was
         #: seen at (garbage collection reads them)
@@ -340,6 +340,22 @@ class Progress:
 
     def deadline(self) -> Deadline:
         return Deadline(self.timeout)
+
+    def _lock_wait(self, owner: int) -> Callable[[float], None]:
+        """The judge of a long wait for the lock on ``owner``'s record: a peer stopped while it
+        held the lock (its own record's, or this rank's as it read it) fails the wait as a
+        stopped peer does, and the group's timeout bounds it."""
+        path = self.state_path(owner)
+
+        def judge(waited: float) -> None:
+            self.check_health(owner if owner != self.rank else None)
+            if waited >= self.timeout:
+                raise FsdistTimeoutError(
+                    f"{self.where()}: Timed out after {waited:.1f} s waiting for the lock on {path}, "
+                    "which another process holds and does not let go"
+                )
+
+        return judge
 
     def timed_out(self, peer: int, what: str) -> FsdistTimeoutError:
         """The error of a wait for ``peer`` to publish ``what`` that ran out of time (c10d's words)."""
