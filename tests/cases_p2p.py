@@ -58,6 +58,44 @@ def tags_and_order() -> list[str]:
     return failures
 
 
+def a_message_passed_over_keeps_its_bytes() -> list[str]:
+    """A message left for later (its tag not asked for yet) survives the sends that follow.
+
+    Small messages travel in two slots of the sender's record, reused once the receiver has
+    consumed enough messages; here it consumes later ones first, then more are sent, and only
+    then is the first one asked for (lost before the fix: FileNotFoundError on a message file).
+    """
+    rank = dist.get_rank()
+    failures: list[str] = []
+    first = [(100, torch.tensor([100.0]))]
+    before = [(1, torch.full((4,), 1.0))]  # #0 in slot 0, #1 in slot 1: #1 consumed, #2 may take slot 0
+    after = [(200 + k, torch.full((3 if k != 1 else 40_000,), 200.0 + k)) for k in range(4)]
+    if rank == 0:
+        for tag, value in first + before:
+            dist.send(value, 1, tag=tag)
+        dist.barrier()
+        for tag, value in after:
+            dist.send(value, 1, tag=tag)
+        dist.barrier()
+    elif rank == 1:
+        got = {}
+        for tag, value in before:
+            got[tag] = torch.zeros_like(value)
+            dist.recv(got[tag], 0, tag=tag)
+        dist.barrier()
+        dist.barrier()
+        for tag, value in first + after:
+            got[tag] = torch.zeros_like(value)
+            dist.recv(got[tag], 0, tag=tag)
+        for tag, value in first + before + after:
+            if not torch.equal(got[tag], value):
+                failures.append(f"tag {tag}: got {got[tag][:3].tolist()}, sent {value[:3].tolist()}")
+    else:
+        dist.barrier()
+        dist.barrier()
+    return failures
+
+
 def any_source() -> list[str]:
     """Rank 0 receives one message from every other rank without naming the source."""
     rank, world = dist.get_rank(), dist.get_world_size()

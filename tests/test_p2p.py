@@ -18,7 +18,8 @@ def _no_failures(results: list[list[str]]) -> None:
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize(
     "case",
-    [cases.ring_every_dtype_and_shape, cases.tags_and_order, cases.any_source, cases.irecv_does_not_block_collectives,
+    [cases.ring_every_dtype_and_shape, cases.tags_and_order, cases.a_message_passed_over_keeps_its_bytes,
+     cases.any_source, cases.irecv_does_not_block_collectives,
      cases.batch_exchange, cases.bad_peers, cases.sends_are_buffered],
     ids=lambda f: f.__name__,
 )  # fmt: skip

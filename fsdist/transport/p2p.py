@@ -47,6 +47,12 @@ class Mailbox:
         self._lock = threading.Lock()
         self._snapshot: dict[int, int] = {}
         self._peeked: tuple[tuple[int, int], Incoming] | None = None
+        #: inline messages whose tag was read and that are not consumed yet. The sender reuses
+        #: a record slot once this rank has consumed *as many* messages as that needs, not those
+        #: very ones: a receive matched out of order (another tag first) would find the slot of
+        #: a message it passed over rewritten. Every such message was read when its tag was, so
+        #: its bytes are kept from then (at most MAX_UNRECEIVED_SENDS of ≤ 2 KiB per peer).
+        self._held: dict[tuple[int, int], Incoming] = {}
 
     def sleep(self, seconds: float) -> None:
         """Pause between passes; a peer's send ends the pause early (its doorbell)."""
@@ -106,7 +112,10 @@ class Mailbox:
             # kept open: the message whose tag was just read is usually the one consumed next
             self._close_peeked()
             msg = self._t.open_p2p(source, index)
-            self._peeked = (key, msg)
+            if msg.file_size() == 0:  # inline: its slot may be rewritten once it is passed over
+                self._held[key] = msg
+            else:
+                self._peeked = (key, msg)
             self._tags[key] = msg.tag
         return self._tags[key]
 
@@ -116,6 +125,9 @@ class Mailbox:
             self._peeked = None
 
     def _open(self, source: int, index: int) -> Incoming:
+        held = self._held.pop((source, index), None)
+        if held is not None:
+            return held
         if self._peeked is not None and self._peeked[0] == (source, index):
             msg = self._peeked[1]
             self._peeked = None
@@ -126,6 +138,7 @@ class Mailbox:
         """Release the message held open since its tag was read (the receive loop has stopped)."""
         with self._lock:
             self._close_peeked()
+            self._held.clear()
 
     def _consume(self, source: int, index: int, receive: PendingReceive) -> None:
         with self._open(source, index) as msg:
