@@ -100,6 +100,11 @@ REUSE_MIN_BYTES = 64 << 10
 MAP_MIN_BYTES = 256 << 10
 #: Sends are buffered, up to this many messages per destination not yet received.
 MAX_UNRECEIVED_SENDS = 256
+#: On local filesystems a point-to-point message of up to RING_MESSAGE_MAX bytes that does not
+#: fit a record slot goes into the sender's ring file for its receiver (transport/rings.py), of
+#: RING_BYTES (sparse: pages are allocated as written, so a pair that never sends one costs none).
+RING_BYTES = 2 << 20
+RING_MESSAGE_MAX = 512 << 10
 
 #: Tensors of at least this many bytes, in groups of 3 or more ranks, use the slice-parallel
 #: all_reduce (reduce-scatter + all-gather through files); the rest use one round where every

@@ -93,6 +93,59 @@ def a_message_passed_over_keeps_its_bytes() -> list[str]:
     else:
         dist.barrier()
         dist.barrier()
+    failures += _passed_over_while_the_ring_laps(rank)
+    return failures
+
+
+def _passed_over_while_the_ring_laps(rank: int) -> list[str]:
+    """A mid-size message left for later while 60 more go through its ring (4.8 MB, over two laps of
+    the 2 MiB ring wherever it starts): its space is reused, so the receiver must have copied it
+    when it passed it over (a held reference into the ring read 20000 of 20000 elements wrong)."""
+    failures: list[str] = []
+    early = torch.arange(20_000, dtype=torch.float32) + 0.5
+    dist.barrier()  # earlier messages all received: the early one finds its slot free (not a file)
+    if rank == 0:
+        dist.send(early, 1, tag=100)
+        for k in range(60):
+            dist.send(torch.full((20_000,), float(k)), 1, tag=1)
+            dist.recv(torch.zeros(1), 1, tag=2)  # one at a time: each finds the space before it free
+    elif rank == 1:
+        for k in range(60):
+            out = torch.zeros(20_000)
+            dist.recv(out, 0, tag=1)
+            if not torch.equal(out, torch.full((20_000,), float(k))):
+                failures.append(f"tag 1 #{k}: wrong values")
+            dist.send(torch.zeros(1), 0, tag=2)
+        out = torch.zeros(20_000)
+        dist.recv(out, 0, tag=100)
+        if not torch.equal(out, early):
+            failures.append(f"the message passed over: {int((out != early).sum())} of 20000 elements wrong")
+    dist.barrier()
+    return failures
+
+
+def mid_size_messages_out_of_order_every_byte_checked() -> list[str]:
+    """Mid-size messages (ring files on local filesystems, transport/rings.py) beside inline ones and
+    files, received in send order, in reverse (every earlier one passed over, so copied out of
+    the ring before its space is reused) and shuffled; every element checked."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    failures: list[str] = []
+    sizes = [300, 20_000, 70_000, 140_000]  # float32: inline, ring, ring, a file (past RING_MESSAGE_MAX)
+    orders = [list(range(12)), list(reversed(range(12))), [5, 0, 11, 3, 1, 2, 4, 6, 7, 8, 9, 10]]
+    for round_, order in enumerate(orders):
+
+        def value(sender: int, k: int, round_: int = round_) -> torch.Tensor:
+            return torch.arange(sizes[k % 4], dtype=torch.float32) + (sender * 1000 + round_ * 100 + k)
+
+        requests = [dist.isend(value(rank, k), nxt, tag=k) for k in range(12)]
+        for k in order:
+            out = torch.zeros(sizes[k % 4])
+            dist.recv(out, prev, tag=k)
+            if not torch.equal(out, value(prev, k)):
+                failures.append(f"round {round_}, tag {k}: {int((out != value(prev, k)).sum())} elements wrong")
+        for request in requests:
+            request.wait()
     return failures
 
 

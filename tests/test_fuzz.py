@@ -116,6 +116,41 @@ def test_a_message_file_is_read_or_refused_with_a_protocol_error(tmp_path_factor
         pytest.fail(f"an OSError, not a ProtocolError: {exc}")
 
 
+_RING = 8192
+VALID_RING_REF = message.encode_ring_ref(128, len(VALID_MESSAGE))
+
+
+@FUZZ
+@given(ref=_mutations(VALID_RING_REF), raw=_mutations(VALID_MESSAGE).map(_with_crc))
+def test_a_ring_reference_and_its_message_are_read_or_refused_with_a_protocol_error(
+    tmp_path_factory, ref: bytes, raw: bytes
+) -> None:
+    """A slot pointing into a peer's ring (transport/rings.py): the reference is checked against
+    the ring's size before anything is read, the message there like any other; the file may be
+    shorter than the ring says (never an OSError or a read past what was checked)."""
+    path = tmp_path_factory.mktemp("ring") / "ring"
+    path.write_bytes(bytes(128) + raw)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        found = message.parse_ring_ref(ref, _RING, "fuzz")
+        if found is None:
+            assert not ref.startswith(message.RING_MAGIC)
+            return
+        offset, length = found
+        assert offset >= 0 and offset + length <= _RING
+        msg = message.RingMessage(fd, offset, length, "fuzz")
+        for index, part in enumerate(msg.parts):
+            assert part.offset + part.nbytes <= length
+            msg.read_into(index, torch.empty(part.nbytes, dtype=torch.uint8))
+        msg.keep()
+    except ProtocolError:
+        pass
+    except OSError as exc:
+        pytest.fail(f"an OSError, not a ProtocolError: {exc}")
+    finally:
+        os.close(fd)
+
+
 # ---- state records ----------------------------------------------------------------------------
 
 VALID_RECORD = state_record.encode(41, 2, "broadcast float32[4] root=0", 0x1234, state_record.FLAG_CLOSED)

@@ -19,6 +19,7 @@ def _no_failures(results: list[list[str]]) -> None:
 @pytest.mark.parametrize(
     "case",
     [cases.ring_every_dtype_and_shape, cases.tags_and_order, cases.a_message_passed_over_keeps_its_bytes,
+     cases.mid_size_messages_out_of_order_every_byte_checked,
      cases.any_source, cases.irecv_does_not_block_collectives,
      cases.batch_exchange, cases.bad_peers, cases.sends_are_buffered],
     ids=lambda f: f.__name__,
@@ -50,3 +51,31 @@ def test_buffered_sends_are_capped(pool_factory) -> None:
     results = pool_factory(2).run(cases.send_cap, MAX_UNRECEIVED_SENDS + 100)
     # the first P2P_SLOTS travel in the sender's record; the rest of the capped ones are files
     assert results[1] == [MAX_UNRECEIVED_SENDS - P2P_SLOTS], results
+
+
+def test_a_send_ring_reuses_space_only_once_the_receiver_counted_it_received(tmp_path, monkeypatch) -> None:
+    """Messages go in one after another, never wrap (a message that would cross the end starts
+    the next lap), and take only space whose messages the receiver's counter shows received;
+    no room, or a full filesystem, is None (the sender then writes a file)."""
+    import errno
+    import os
+
+    from fsdist.transport.rings import SendRing
+
+    ring = SendRing(str(tmp_path / "ring0-1"), capacity=1000)
+    payload = [bytes(range(250)), b"x" * 50]  # 300 bytes, 320 with alignment
+    assert [ring.place(i, payload, 300, received=0) for i in range(3)] == [0, 320, 640]
+    assert ring.place(3, payload, 300, received=0) is None  # 960 + 320 > 1000: full until #0 is received
+    assert ring.place(3, payload, 300, received=1) == 0  # the rest of the lap is skipped, #0's space reused
+    assert ring.place(4, payload, 300, received=1) is None  # #1 still unreceived at 320
+    with open(ring.path, "rb") as f:
+        data = f.read()
+    assert len(data) == 1000 and data[320:620] == b"".join(payload) and data[0:300] == b"".join(payload)
+    assert ring.place(4, payload, 2000, received=5) is None  # larger than the ring
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "pwritev", full)
+    assert ring.place(5, payload, 300, received=5) is None and ring.broken
+    ring.close()

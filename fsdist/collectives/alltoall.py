@@ -1,6 +1,8 @@
-"""all_to_all: every rank publishes its N pieces in one message; rank i reads piece i of each.
+"""all_to_all: every rank publishes, in one message, the pieces meant for the others; rank i
+reads its piece from each.
 
-Bytes: each rank writes its whole input and reads what it receives; uneven pieces are fine.
+A rank's own piece stays out of the message: nobody else reads it (2 ranks: half the bytes
+written). Bytes: each rank writes what it sends and reads what it receives; uneven pieces are fine.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ from ._common import read_part
 def all_to_all(t: CollectiveChannel, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> None:
     """``outputs[rank] <- inputs[this rank]`` of ``rank``, for every rank."""
     if t.size > 1:
-        t.publish(1, inputs)
+        t.publish(1, [piece for rank, piece in enumerate(inputs) if rank != t.rank])
     for rank, dest in enumerate(outputs):
         if rank == t.rank:
             dest.copy_(inputs[rank])
-        else:
-            read_part(t, rank, 1, t.rank, dest)
+        else:  # the peer left its own piece out: this rank's piece is one earlier past it
+            read_part(t, rank, 1, t.rank - (t.rank > rank), dest)

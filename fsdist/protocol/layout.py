@@ -164,6 +164,11 @@ def message_name(rank: int, seq: int, step: int) -> str:
     return f"m{seq}.{step}.r{rank}"
 
 
+def ring_name(src: int, dst: int) -> str:
+    """The ring file of ``src``'s mid-size messages to ``dst`` (local filesystems only)."""
+    return f"ring{src}-{dst}"
+
+
 def p2p_name(src: int, dst: int, index: int) -> str:
     """The ``index``-th message ``src`` sends ``dst`` (counted from 0 per pair)."""
     return f"p{src}-{dst}.{index}"

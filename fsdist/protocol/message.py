@@ -203,6 +203,9 @@ class InlineMessage:
     def file_size(self) -> int:
         return 0  # it lives in the record: disposing of it frees no file
 
+    def keep(self) -> InlineMessage:
+        return self  # its bytes are this reader's own copy already
+
     def close(self) -> None:
         pass
 
@@ -271,6 +274,9 @@ class Message:
         """The file's size (a message written through a spare may be shorter than its file)."""
         return os.fstat(self._fd).st_size
 
+    def keep(self) -> Message:
+        return self  # a file lives until its reader disposes of it
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -281,6 +287,87 @@ class Message:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+#: A point-to-point slot holding this instead of a message points into the sender's ring file for
+#: the pair (transport/rings.py): <4s q q> magic, offset, length.
+RING_MAGIC = b"FSDR"
+_RING_REF = struct.Struct("<4sqq")
+
+
+def encode_ring_ref(offset: int, length: int) -> bytes:
+    return _RING_REF.pack(RING_MAGIC, offset, length)
+
+
+def parse_ring_ref(raw: bytes, capacity: int, where: str) -> tuple[int, int] | None:
+    """(offset, length) of the ring message ``raw`` points to, checked against the ring's
+    ``capacity``, or None where ``raw`` is a message itself."""
+    if not raw.startswith(RING_MAGIC):
+        return None
+    if len(raw) != _RING_REF.size:
+        raise ProtocolError(f"{where}: a ring reference of {len(raw)} bytes (expected {_RING_REF.size})")
+    _, offset, length = _RING_REF.unpack(raw)
+    if offset < 0 or length <= _FIXED.size or offset + length > capacity:
+        raise ProtocolError(
+            f"{where}: ring reference to {length} bytes at {offset} lies outside the {capacity}-byte ring"
+        )
+    return offset, length
+
+
+class RingMessage:
+    """A message at ``offset`` of a peer's ring file (open on ``fd``, which it does not own).
+
+    Its bytes stay put only until the reader acknowledges it: ``keep`` copies them for a reader
+    that leaves it for later (a receive with another tag came first)."""
+
+    def __init__(self, fd: int, offset: int, length: int, where: str) -> None:
+        self.path = where
+        self._fd, self._offset, self._length = fd, offset, length
+        head = os.pread(fd, min(length, _FIRST_READ), offset)
+        try:
+            parsed = parse_header(head, where)
+        except _ShortHeaderError as short:
+            if short.header_len > length:
+                raise ProtocolError(f"{where}: header of {short.header_len} bytes in a {length}-byte message") from None
+            buffer = bytearray(short.header_len)
+            read_exact(fd, memoryview(buffer), offset, where)
+            parsed = parse_header(bytes(buffer), where)
+        self.seq, self.tag, self.description, self.parts, _ = parsed
+        for index, part in enumerate(self.parts):
+            if part.offset + part.nbytes > length:
+                raise ProtocolError(f"{where}: part {index} lies outside the {length}-byte message")
+
+    def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
+        part = self.parts[index]
+        want = dest.numel() * dest.element_size()
+        if byte_offset < 0 or byte_offset + want > part.nbytes:
+            raise ProtocolError(
+                f"{self.path}: part {index} holds {part.nbytes} bytes, asked for {want} at {byte_offset}"
+            )
+        if want:
+            read_exact(self._fd, tensor_bytes(dest), self._offset + part.offset + byte_offset, self.path)
+
+    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
+        copy = torch.empty_like(like)
+        self.read_into(index, copy, byte_offset)
+        return copy
+
+    def file_size(self) -> int:
+        return 0  # it lives in the ring: the acknowledgement frees it, no file
+
+    def keep(self) -> InlineMessage:
+        raw = bytearray(self._length)
+        read_exact(self._fd, memoryview(raw), self._offset, self.path)
+        return InlineMessage(bytes(raw), self.path)
+
+    def close(self) -> None:
+        pass  # the ring's descriptor stays open for the next message
+
+    def __enter__(self) -> RingMessage:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 def _align(n: int, align: int = ALIGN) -> int:

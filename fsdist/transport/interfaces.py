@@ -40,6 +40,10 @@ class Incoming(Protocol):
     def file_size(self) -> int:
         """Bytes the message occupies (what disposing of it frees)."""
 
+    def keep(self) -> Incoming:
+        """The message, readable after its sender may reuse its space (a copy where it lives in
+        space the sender reuses once the reader counts it received)."""
+
     def close(self) -> None: ...
 
     def __enter__(self) -> Incoming: ...

@@ -47,11 +47,11 @@ class Mailbox:
         self._lock = threading.Lock()
         self._snapshot: dict[int, int] = {}
         self._peeked: tuple[tuple[int, int], Incoming] | None = None
-        #: inline messages whose tag was read and that are not consumed yet. The sender reuses
-        #: a record slot once this rank has consumed *as many* messages as that needs, not those
-        #: very ones: a receive matched out of order (another tag first) would find the slot of
-        #: a message it passed over rewritten. Every such message was read when its tag was, so
-        #: its bytes are kept from then (at most MAX_UNRECEIVED_SENDS of ≤ 2 KiB per peer).
+        #: messages in a record slot or a ring that a pass left for a later receive. The sender
+        #: reuses that space once this rank has consumed *as many* messages as that needs, not
+        #: those very ones: a receive matched out of order (another tag first) would find a
+        #: message it passed over rewritten. So its bytes are copied when it is passed over (at
+        #: most MAX_UNRECEIVED_SENDS messages of ≤ RING_MESSAGE_MAX per peer).
         self._held: dict[tuple[int, int], Incoming] = {}
 
     def sleep(self, seconds: float) -> None:
@@ -104,7 +104,18 @@ class Mailbox:
                 continue
             if self._tag_of(source, index) == tag:
                 return index
+            self._pass_over(source, index)
         return None
+
+    def _pass_over(self, source: int, index: int) -> None:
+        """Keep a message this pass leaves for a later receive where its sender may reuse its space
+        once a later message is consumed (a ring message: copied out now; see ``_held``)."""
+        key = (source, index)
+        if self._peeked is not None and self._peeked[0] == key and self._peeked[1].file_size() == 0:
+            msg = self._peeked[1]  # in the record or a ring (a file stays until discarded)
+            self._peeked = None
+            self._held[key] = msg.keep()
+            msg.close()
 
     def _tag_of(self, source: int, index: int) -> int:
         key = (source, index)
@@ -112,10 +123,7 @@ class Mailbox:
             # kept open: the message whose tag was just read is usually the one consumed next
             self._close_peeked()
             msg = self._t.open_p2p(source, index)
-            if msg.file_size() == 0:  # inline: its slot may be rewritten once it is passed over
-                self._held[key] = msg
-            else:
-                self._peeked = (key, msg)
+            self._peeked = (key, msg)
             self._tags[key] = msg.tag
         return self._tags[key]
 

@@ -20,12 +20,14 @@ from collections.abc import Sequence
 
 import torch
 
-from ..defaults import INLINE, MAX_UNRECEIVED_SENDS
+from ..defaults import INLINE, MAX_UNRECEIVED_SENDS, RING_BYTES, RING_MESSAGE_MAX
 from ..files.doorbell import Doorbell
+from ..files.io import open_file
 from ..files.waiting import poll
 from ..protocol import layout, message, state_record
 from .progress import Progress
 from .retention import Retention
+from .rings import SendRing
 
 __all__ = ["Pairs"]
 
@@ -55,6 +57,10 @@ class Pairs:
         # swallows the other's wake-up
         self._bell = Doorbell([layout.p2p_doorbell_file(self.directory, r) for r in range(size)], progress.rank)
         self._all_ring = False  # every peer found on this host (asked again until it is)
+        #: mid-size messages go through ring files where spares are used (local filesystems)
+        self._rings_enabled = INLINE and retention.spares.enabled
+        self._send_rings: dict[int, SendRing] = {}
+        self._read_rings: dict[int, int] = {}
 
     def send(self, dst: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> int:
         """Publish a message to ``dst`` (buffered: never waits for the receiver). Returns its index."""
@@ -62,7 +68,9 @@ class Pairs:
             if self._sent[dst] - self._received_by[dst] >= MAX_UNRECEIVED_SENDS:
                 self._wait_for_receiver(dst)
             index = self._sent[dst]
-            if not self._send_inline(dst, index, tensors, tag, description):
+            if not self._send_inline(dst, index, tensors, tag, description) and not self._send_ring(
+                dst, index, tensors, tag, description
+            ):
                 self._send_file(dst, index, tensors, tag, description)
             self._sent[dst] = index + 1
             self._bell.ring([dst])
@@ -77,12 +85,38 @@ class Pairs:
             self._read_received_by(dst)
             if index - self._received_by[dst] >= state_record.P2P_SLOTS:
                 return False  # the slot still holds a message dst has not consumed: a file
-        encoded = b"".join(message.encode(index, tag, description, tensors, message.INLINE_ALIGN))
+        self._put_in_slot(dst, index, b"".join(message.encode(index, tag, description, tensors, message.INLINE_ALIGN)))
+        return True
+
+    def _put_in_slot(self, dst: int, index: int, encoded: bytes) -> None:
+        """Write ``encoded`` (a message, or where it lies in the ring) into its slot, with the counters."""
         with self._area_lock:
             area = self._areas[dst]
             received = state_record.decode_pair(bytes(area[:16]))[1]
             end = state_record.put_p2p(area, index + 1, received, index, encoded)
             self._progress.write_own(bytes(area[:end]), state_record.pair_offset(dst))
+
+    def _send_ring(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> bool:
+        """Put a mid-size message into the ring for ``dst`` and where it lies into its slot (local
+        filesystems; if the slot is free and the ring has room beside unreceived messages)."""
+        if not self._rings_enabled or message.encoded_size(description, tensors) > RING_MESSAGE_MAX:
+            return False
+        if index - self._received_by[dst] >= state_record.P2P_SLOTS:
+            self._read_received_by(dst)
+            if index - self._received_by[dst] >= state_record.P2P_SLOTS:
+                return False  # its slot still holds a message dst has not consumed
+        ring = self._send_rings.get(dst)
+        if ring is None:
+            path = os.path.join(self.directory, layout.ring_name(self._progress.rank, dst))
+            ring = self._send_rings[dst] = SendRing(path)
+        buffers = message.encode(index, tag, description, tensors)
+        size = sum(len(b) for b in buffers)
+        offset = ring.place(index, buffers, size, self._received_by[dst])
+        if offset is None:
+            offset = ring.place(index, buffers, size, self._read_received_by(dst))
+            if offset is None:
+                return False
+        self._put_in_slot(dst, index, message.encode_ring_ref(offset, size))
         return True
 
     def _send_file(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> None:
@@ -110,12 +144,16 @@ class Pairs:
             self._areas[src][8:16] = counter
             self._progress.write_own(counter, state_record.received_offset(src))
 
-    def open(self, src: int, index: int) -> message.Message | message.InlineMessage:
+    def open(self, src: int, index: int) -> message.Message | message.InlineMessage | message.RingMessage:
         """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline or a file."""
         inline = state_record.find_p2p(self._seen[src], index)
         if inline is not None:
             self._inline_open.add((src, index))
             where = f"{self._progress.state_path(src)} (message #{index} to rank {self._progress.rank})"
+            ring = message.parse_ring_ref(inline, RING_BYTES, where)
+            if ring is not None:
+                where = f"{where} in {layout.ring_name(src, self._progress.rank)}"
+                return message.RingMessage(self._ring_to_read(src), *ring, where)
             return message.InlineMessage(inline, where)
         return message.Message(os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index)))
 
@@ -139,8 +177,22 @@ class Pairs:
             self._all_ring = all(self._bell.reaches(p) for p in self._progress.others)
         return self._all_ring
 
+    def _ring_to_read(self, src: int) -> int:
+        """A descriptor of ``src``'s ring file for this rank (it made the file before pointing to it)."""
+        fd = self._read_rings.get(src)
+        if fd is None:
+            path = os.path.join(self.directory, layout.ring_name(src, self._progress.rank))
+            fd = self._read_rings[src] = open_file(path, os.O_RDONLY)
+        return fd
+
     def close(self) -> None:
         self._bell.close()
+        for ring in self._send_rings.values():
+            ring.close()
+        for fd in self._read_rings.values():
+            os.close(fd)
+        self._send_rings.clear()
+        self._read_rings.clear()
 
     def _read_received_by(self, dst: int) -> int:
         raw = self._progress.read_peer(
