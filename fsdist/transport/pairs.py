@@ -81,12 +81,17 @@ class Pairs:
         the slot's previous message was consumed)."""
         if not INLINE or message.encoded_size(description, tensors, message.INLINE_ALIGN) > state_record.INLINE_MAX:
             return False
-        if index - self._received_by[dst] >= state_record.P2P_SLOTS:
-            self._read_received_by(dst)
-            if index - self._received_by[dst] >= state_record.P2P_SLOTS:
-                return False  # the slot still holds a message dst has not consumed: a file
+        if not self._slot_free(dst, index):
+            return False
         self._put_in_slot(dst, index, b"".join(message.encode(index, tag, description, tensors, message.INLINE_ALIGN)))
         return True
+
+    def _slot_free(self, dst: int, index: int) -> bool:
+        """Whether message ``index``'s slot may be written: ``dst`` counted the slot's previous
+        message received (read anew only when the last count read says it has not)."""
+        if index - self._received_by[dst] < state_record.P2P_SLOTS:
+            return True
+        return index - self._read_received_by(dst) < state_record.P2P_SLOTS
 
     def _put_in_slot(self, dst: int, index: int, encoded: bytes) -> None:
         """Write ``encoded`` (a message, or where it lies in the ring) into its slot, with the counters."""
@@ -101,10 +106,8 @@ class Pairs:
         filesystems; if the slot is free and the ring has room beside unreceived messages)."""
         if not self._rings_enabled or message.encoded_size(description, tensors) > RING_MESSAGE_MAX:
             return False
-        if index - self._received_by[dst] >= state_record.P2P_SLOTS:
-            self._read_received_by(dst)
-            if index - self._received_by[dst] >= state_record.P2P_SLOTS:
-                return False  # its slot still holds a message dst has not consumed
+        if not self._slot_free(dst, index):
+            return False
         ring = self._send_rings.get(dst)
         if ring is None:
             path = os.path.join(self.directory, layout.ring_name(self._progress.rank, dst))
@@ -145,7 +148,7 @@ class Pairs:
             self._progress.write_own(counter, state_record.received_offset(src))
 
     def open(self, src: int, index: int) -> message.Message | message.InlineMessage | message.RingMessage:
-        """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline or a file."""
+        """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline, in its ring, or a file."""
         inline = state_record.find_p2p(self._seen[src], index)
         if inline is not None:
             self._inline_open.add((src, index))
