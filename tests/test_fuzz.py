@@ -138,7 +138,7 @@ def test_a_ring_reference_and_its_message_are_read_or_refused_with_a_protocol_er
             return
         offset, length = found
         assert offset >= 0 and offset + length <= _RING
-        msg = message.RingMessage(fd, offset, length, "fuzz")
+        msg = message.Message.in_ring(fd, offset, length, "fuzz")
         for index, part in enumerate(msg.parts):
             assert part.offset + part.nbytes <= length
             msg.read_into(index, torch.empty(part.nbytes, dtype=torch.uint8))

@@ -217,37 +217,64 @@ class InlineMessage:
 
 
 class Message:
-    """An open, validated message file; parts are read straight into caller buffers."""
+    """A validated message in a file; parts are read straight into caller buffers.
 
-    def __init__(self, path: str) -> None:
+    Either a message file of its own (``Message(path)``, which it opens and closes) or a stretch
+    of a peer's ring file (``Message.in_ring``: ``length`` bytes at ``base`` of a descriptor it
+    does not own). A ring message's bytes stay put only until the reader acknowledges it, so it
+    is never mapped, and ``keep`` copies it for a reader that leaves it for later.
+    """
+
+    def __init__(self, path: str, fd: int | None = None, base: int = 0, length: int | None = None) -> None:
         self.path = path
-        self._fd = open_file(path, os.O_RDONLY)
+        self._owns_fd = fd is None
+        self._fd = open_file(path, os.O_RDONLY) if fd is None else fd
+        self._base, self._length = base, length
         try:
             self._parse_header()
         except BaseException:
             self.close()
             raise
 
+    @classmethod
+    def in_ring(cls, fd: int, offset: int, length: int, where: str) -> Message:
+        """The message of ``length`` bytes at ``offset`` of ring file ``fd`` (see parse_ring_ref)."""
+        return cls(where, fd, offset, length)
+
     def _parse_header(self) -> None:
-        head = os.pread(self._fd, _FIRST_READ, 0)
+        first = _FIRST_READ if self._length is None else min(self._length, _FIRST_READ)
+        head = os.pread(self._fd, first, self._base)
         try:
             parsed = parse_header(head, self.path)
         except _ShortHeaderError as short:
+            if self._length is not None and short.header_len > self._length:
+                raise ProtocolError(
+                    f"{self.path}: header of {short.header_len} bytes in a {self._length}-byte message"
+                ) from None
             buffer = bytearray(short.header_len)
-            read_exact(self._fd, memoryview(buffer), 0, self.path)
+            read_exact(self._fd, memoryview(buffer), self._base, self.path)
             parsed = parse_header(bytes(buffer), self.path)
         self.seq, self.tag, self.description, self.parts, _ = parsed
+        if self._length is not None:
+            for index, part in enumerate(self.parts):
+                if part.offset + part.nbytes > self._length:
+                    raise ProtocolError(f"{self.path}: part {index} lies outside the {self._length}-byte message")
 
-    def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
-        """Fill contiguous CPU ``dest`` from part ``index``, starting ``byte_offset`` into the part."""
+    def _check_range(self, index: int, byte_offset: int, want: int) -> int:
+        """The file offset of ``want`` bytes at ``byte_offset`` of part ``index``, checked."""
         part = self.parts[index]
-        want = dest.numel() * dest.element_size()
-        if byte_offset + want > part.nbytes:
+        if byte_offset < 0 or byte_offset + want > part.nbytes:
             raise ProtocolError(
                 f"{self.path}: part {index} holds {part.nbytes} bytes, asked for {want} at {byte_offset}"
             )
+        return self._base + part.offset + byte_offset
+
+    def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
+        """Fill contiguous CPU ``dest`` from part ``index``, starting ``byte_offset`` into the part."""
+        want = dest.numel() * dest.element_size()
+        start = self._check_range(index, byte_offset, want)
         if want:
-            read_exact(self._fd, tensor_bytes(dest), part.offset + byte_offset, self.path)
+            read_exact(self._fd, tensor_bytes(dest), start, self.path)
 
     def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
         """Part ``index`` from ``byte_offset`` as a tensor shaped like ``like``, mapped, not copied.
@@ -257,30 +284,39 @@ class Message:
         nothing done to the tensor can reach the writer's file. It is never closed explicitly:
         the tensor holds the mmap object, so the memory is unmapped exactly when the last view
         of it dies (``mmap.close`` would unmap under a live tensor: torch keeps no buffer export).
+        A ring message is copied instead: the sender reuses its bytes once it is acknowledged.
         """
-        part = self.parts[index]
+        if self._length is not None:
+            copy = torch.empty_like(like)
+            self.read_into(index, copy, byte_offset)
+            return copy
         want = like.numel() * like.element_size()
-        if byte_offset + want > part.nbytes or want == 0:
-            raise ProtocolError(
-                f"{self.path}: part {index} holds {part.nbytes} bytes, asked to map {want} at {byte_offset}"
-            )
-        start = part.offset + byte_offset
+        start = self._check_range(index, byte_offset, want)
+        if want == 0:
+            raise ProtocolError(f"{self.path}: asked to map no bytes of part {index}")
         base = start - start % mmap.ALLOCATIONGRANULARITY
         mapping = mmap.mmap(self._fd, start - base + want, access=mmap.ACCESS_COPY, offset=base)
         view = torch.frombuffer(mapping, dtype=like.dtype, count=like.numel(), offset=start - base)
         return view.view(like.shape)
 
     def file_size(self) -> int:
-        """The file's size (a message written through a spare may be shorter than its file)."""
-        return os.fstat(self._fd).st_size
+        """The file's size (a message written through a spare may be shorter than its file); 0 for a
+        ring message, whose acknowledgement frees its space with no file to dispose of."""
+        return os.fstat(self._fd).st_size if self._length is None else 0
 
-    def keep(self) -> Message:
-        return self  # a file lives until its reader disposes of it
+    def keep(self) -> Message | InlineMessage:
+        """This message, readable after its acknowledgement: a file lives until its reader
+        disposes of it; a ring message is copied out."""
+        if self._length is None:
+            return self
+        raw = bytearray(self._length)
+        read_exact(self._fd, memoryview(raw), self._base, self.path)
+        return InlineMessage(bytes(raw), self.path)
 
     def close(self) -> None:
-        if self._fd >= 0:
+        if self._owns_fd and self._fd >= 0:
             os.close(self._fd)
-            self._fd = -1
+        self._fd = -1
 
     def __enter__(self) -> Message:
         return self
@@ -312,62 +348,6 @@ def parse_ring_ref(raw: bytes, capacity: int, where: str) -> tuple[int, int] | N
             f"{where}: ring reference to {length} bytes at {offset} lies outside the {capacity}-byte ring"
         )
     return offset, length
-
-
-class RingMessage:
-    """A message at ``offset`` of a peer's ring file (open on ``fd``, which it does not own).
-
-    Its bytes stay put only until the reader acknowledges it: ``keep`` copies them for a reader
-    that leaves it for later (a receive with another tag came first)."""
-
-    def __init__(self, fd: int, offset: int, length: int, where: str) -> None:
-        self.path = where
-        self._fd, self._offset, self._length = fd, offset, length
-        head = os.pread(fd, min(length, _FIRST_READ), offset)
-        try:
-            parsed = parse_header(head, where)
-        except _ShortHeaderError as short:
-            if short.header_len > length:
-                raise ProtocolError(f"{where}: header of {short.header_len} bytes in a {length}-byte message") from None
-            buffer = bytearray(short.header_len)
-            read_exact(fd, memoryview(buffer), offset, where)
-            parsed = parse_header(bytes(buffer), where)
-        self.seq, self.tag, self.description, self.parts, _ = parsed
-        for index, part in enumerate(self.parts):
-            if part.offset + part.nbytes > length:
-                raise ProtocolError(f"{where}: part {index} lies outside the {length}-byte message")
-
-    def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
-        part = self.parts[index]
-        want = dest.numel() * dest.element_size()
-        if byte_offset < 0 or byte_offset + want > part.nbytes:
-            raise ProtocolError(
-                f"{self.path}: part {index} holds {part.nbytes} bytes, asked for {want} at {byte_offset}"
-            )
-        if want:
-            read_exact(self._fd, tensor_bytes(dest), self._offset + part.offset + byte_offset, self.path)
-
-    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
-        copy = torch.empty_like(like)
-        self.read_into(index, copy, byte_offset)
-        return copy
-
-    def file_size(self) -> int:
-        return 0  # it lives in the ring: the acknowledgement frees it, no file
-
-    def keep(self) -> InlineMessage:
-        raw = bytearray(self._length)
-        read_exact(self._fd, memoryview(raw), self._offset, self.path)
-        return InlineMessage(bytes(raw), self.path)
-
-    def close(self) -> None:
-        pass  # the ring's descriptor stays open for the next message
-
-    def __enter__(self) -> RingMessage:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
 
 
 def _align(n: int, align: int = ALIGN) -> int:

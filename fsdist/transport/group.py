@@ -139,7 +139,7 @@ class GroupTransport:
     def acknowledge(self, src: int, received: int) -> None:
         self.pairs.acknowledge(src, received)
 
-    def open_p2p(self, src: int, index: int) -> message.Message | message.InlineMessage | message.RingMessage:
+    def open_p2p(self, src: int, index: int) -> message.Message | message.InlineMessage:
         return self.pairs.open(src, index)
 
     def discard_p2p(self, src: int, index: int, size: int) -> None:

@@ -147,7 +147,7 @@ class Pairs:
             self._areas[src][8:16] = counter
             self._progress.write_own(counter, state_record.received_offset(src))
 
-    def open(self, src: int, index: int) -> message.Message | message.InlineMessage | message.RingMessage:
+    def open(self, src: int, index: int) -> message.Message | message.InlineMessage:
         """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline, in its ring, or a file."""
         inline = state_record.find_p2p(self._seen[src], index)
         if inline is not None:
@@ -156,7 +156,7 @@ class Pairs:
             ring = message.parse_ring_ref(inline, RING_BYTES, where)
             if ring is not None:
                 where = f"{where} in {layout.ring_name(src, self._progress.rank)}"
-                return message.RingMessage(self._ring_to_read(src), *ring, where)
+                return message.Message.in_ring(self._ring_to_read(src), *ring, where)
             return message.InlineMessage(inline, where)
         return message.Message(os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index)))
 
