@@ -119,7 +119,7 @@ def test_pair_areas_carry_both_counters_and_small_point_to_point_messages() -> N
     second = b"".join(message.encode(5, 7, "send tag=7", [torch.ones(2)], message.INLINE_ALIGN))
     area = bytearray(state_record.PAIR_AREA)
     end = state_record.put_p2p(area, 5, 2, 4, first)
-    assert end == state_record.p2p_slot_end(4) - state_record.P2P_SLOT_BYTES + 16 + len(first)
+    assert end == state_record.p2p_slot_end(4) - state_record.P2P_SLOT_BYTES + 20 + len(first)
     state_record.put_p2p(area, 6, 3, 5, second)
     assert state_record.decode_pair(bytes(area)) == (6, 3)
     assert state_record.find_p2p(bytes(area), 4) == first and state_record.find_p2p(bytes(area), 5) == second
@@ -127,11 +127,17 @@ def test_pair_areas_carry_both_counters_and_small_point_to_point_messages() -> N
     assert state_record.decode_pair(b"") == (0, 0)  # never written: nothing sent, nothing received
     assert state_record.find_p2p(b"", 0) is None
     lying = bytearray(area)
-    struct.pack_into("<qII", lying, 16, 4, 0, state_record.P2P_SLOT_BYTES * 2)
+    struct.pack_into("<qII", lying, 24, 4, 0, state_record.P2P_SLOT_BYTES * 2)
     with pytest.raises(ProtocolError, match="claims"):
         state_record.find_p2p(bytes(lying), 4)
     with pytest.raises(ProtocolError, match="negative"):
-        state_record.decode_pair(struct.pack("<qq", -1, 0))
+        state_record.decode_pair(state_record.encode_pair(-1, 0))
+    # every field a reader acts on is checksummed: one flipped bit is refused, never another value
+    for flipped_at, read in [(3, state_record.decode_pair), (24 + 20 + 40, lambda raw: state_record.find_p2p(raw, 4))]:
+        flipped = bytearray(area)
+        flipped[flipped_at] ^= 0x10
+        with pytest.raises(ProtocolError, match="checksum"):
+            read(bytes(flipped))
 
 
 def test_a_records_flags_say_closed_and_aborted() -> None:
@@ -316,7 +322,7 @@ def test_a_busy_lock_is_judged_while_waited_for_and_never_waits_past_its_limit(t
     from fsdist.files import locks
 
     path = str(tmp_path / "record")
-    LockedRecord(path).write(b"12345678")
+    LockedRecord(path).write(Counter.encode(12345678))
     ready, release = CTX.Event(), CTX.Event()
     holder = CTX.Process(target=_hold_lock, args=(path, ready, release))
     holder.start()
@@ -343,4 +349,4 @@ def test_a_busy_lock_is_judged_while_waited_for_and_never_waits_past_its_limit(t
         release.set()
         holder.join(30)
     with Counter(path) as counter:
-        assert counter.try_get() == counter.get() == int.from_bytes(b"12345678", "little", signed=True)
+        assert counter.try_get() == counter.get() == 12345678

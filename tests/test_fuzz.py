@@ -4,7 +4,8 @@ Whatever another process (or a full disk, or another user) left in a file, a par
 with its format's own error naming the fault, or with a value: never another kind of exception
 (a struct.error, IndexError, UnicodeDecodeError, RecursionError), never a hang, never an
 allocation sized by a field it has not checked. Where a format carries a checksum (a message
-header), a flipped bit is an error, never a different value.
+header, a state record's header and slots, a pair area's counters, a counter), a flipped bit is
+an error, never a different value.
 
 Bounded here (FSDIST_FUZZ_EXAMPLES per test, default 200: ~10 s); `make test-fuzz` runs 10,000
 per format.
@@ -154,44 +155,61 @@ def test_a_ring_reference_and_its_message_are_read_or_refused_with_a_protocol_er
 # ---- state records ----------------------------------------------------------------------------
 
 VALID_RECORD = state_record.encode(41, 2, "broadcast float32[4] root=0", 0x1234, state_record.FLAG_CLOSED)
+#: a record's position part as a peer reads it: the header, then slot 1 holding a message of step 1
+VALID_POSITION = bytearray(state_record.POSITION_SIZE)
+VALID_POSITION[: len(VALID_RECORD)] = VALID_RECORD
+_SLOT = state_record.encode_slot(41, 1, VALID_MESSAGE)
+VALID_POSITION[state_record.slot_offset(1) : state_record.slot_offset(1) + len(_SLOT)] = _SLOT
+WRITTEN_STATE = state_record.decode(VALID_RECORD, "fuzz")
 
 
 @FUZZ
-@given(raw=_mutations(VALID_RECORD + bytes(state_record.POSITION_SIZE - len(VALID_RECORD))))
+@given(raw=_mutations(bytes(VALID_POSITION)))
 def test_a_state_record_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
+    """Header and slots are checksummed: what is read is what was written, or refused."""
     try:
-        state_record.decode(raw, "fuzz")
+        state = state_record.decode(raw, "fuzz")
+        assert state == WRITTEN_STATE or (state is state_record.NOT_STARTED and len(raw) < 32)
     except ProtocolError:
         pass
     for seq in (0, 41):
         try:
-            state_record.find_inline(raw, seq, 1)
+            found = state_record.find_inline(raw, seq, 1)
         except ProtocolError:
-            pass
+            continue
+        assert found is None or (seq == 41 and found == VALID_MESSAGE)
+
+
+VALID_PAIR = bytearray(state_record.PAIR_AREA)
+state_record.put_p2p(VALID_PAIR, 5, 2, 4, VALID_MESSAGE)
 
 
 @FUZZ
-@given(raw=_mutations(bytes(state_record.PAIR_AREA)), index=st.integers(0, 1 << 40))
+@given(raw=_mutations(bytes(VALID_PAIR)), index=st.sampled_from([4, 6, 1 << 40]))
 def test_a_pair_area_is_read_or_refused_with_a_protocol_error(raw: bytes, index: int) -> None:
+    """The counters and each slot are checksummed: the written values, or refused."""
     try:
-        state_record.decode_pair(raw)
+        counters = state_record.decode_pair(raw)
+        never_written = not any(raw[: state_record.PAIR_COUNTERS_SIZE])
+        assert counters == (5, 2) or (counters == (0, 0) and never_written)
     except ProtocolError:
         pass
     try:
         found = state_record.find_p2p(raw, index)
     except ProtocolError:
         return
-    assert found is None or len(found) <= state_record.INLINE_MAX
+    assert found is None or (index == 4 and found == VALID_MESSAGE)
 
 
 @FUZZ
 @given(raw=_mutations(Counter.encode(123456789)))
 def test_a_counter_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
+    """A counter is checksummed: its value, 0 for an empty file, or refused."""
     try:
         value = Counter.decode(raw)
     except ProtocolError:
         return
-    assert isinstance(value, int)
+    assert value == 123456789 or (value == 0 and raw == b"")
 
 
 # ---- JSON records: rendezvous, failure reports, store members ---------------------------------

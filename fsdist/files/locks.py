@@ -25,6 +25,7 @@ import secrets
 import struct
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 
 from ..defaults import (
@@ -36,7 +37,7 @@ from ..defaults import (
     LONG_SLEEP_SECONDS,
     LONG_WAIT_SECONDS,
 )
-from ..errors import FsdistTimeoutError
+from ..errors import FsdistTimeoutError, ProtocolError
 from .io import open_file, retrying, unlink_quietly
 
 _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
@@ -272,41 +273,56 @@ class LockedRecord:
 
 
 _INT64 = struct.Struct("<q")
+_COUNTER = struct.Struct("<qI")  # the value, and the CRC-32 of its 8 bytes
 
 
 class Counter:
     """A 64-bit integer in a file, changed only under the lock (get / add / compare-and-set).
 
-    The file holds the value as 8 bytes, little-endian, signed; empty means 0."""
+    The file holds the value as 8 bytes, little-endian, signed, then their CRC-32 (a flipped bit
+    or a foreign file is a ProtocolError, never another count); empty means 0."""
+
+    SIZE = _COUNTER.size
 
     def __init__(self, path: str) -> None:
         self._record = LockedRecord(path)
+        self._path = path
 
     @staticmethod
     def encode(value: int) -> bytes:
-        return _INT64.pack(value)
+        return _COUNTER.pack(value, zlib.crc32(_INT64.pack(value)))
 
     @staticmethod
-    def decode(raw: bytes) -> int:
-        return _decode(raw)
+    def decode(raw: bytes, where: str = "a counter") -> int:
+        """The value in ``raw`` (a counter file's bytes); 0 while it is empty."""
+        if not raw:
+            return 0
+        if len(raw) != _COUNTER.size:
+            raise ProtocolError(f"{where}: a counter of {len(raw)} bytes (expected {_COUNTER.size} or none)")
+        value, crc = _COUNTER.unpack(raw)
+        if zlib.crc32(raw[: _INT64.size]) != crc:
+            raise ProtocolError(f"{where}: counter checksum mismatch (corrupt, or written by another program)")
+        return int(value)
 
     def get(self) -> int:
-        return _decode(self._record.read(0, 8))
+        return self.decode(self._record.read(0, _COUNTER.size), self._path)
 
     def try_get(self) -> int | None:
         """The value, or None if a writer holds the lock right now (see ``LockedRecord.try_read``)."""
-        raw = self._record.try_read(0, 8)
-        return None if raw is None else _decode(raw)
+        raw = self._record.try_read(0, _COUNTER.size)
+        return None if raw is None else self.decode(raw, self._path)
 
     def add(self, amount: int) -> int:
         """Add ``amount`` and return the new value."""
-        new = self._record.update(lambda old: _INT64.pack(_decode(old) + amount))
-        return _decode(new)
+        new = self._record.update(lambda old: self.encode(self.decode(old, self._path) + amount))
+        return self.decode(new, self._path)
 
     def compare_and_set(self, expected: int, desired: int) -> int:
         """Set ``desired`` if the value is ``expected``; return the value in force afterwards."""
-        new = self._record.update(lambda old: _INT64.pack(desired) if _decode(old) == expected else None)
-        return _decode(new)
+        new = self._record.update(
+            lambda old: self.encode(desired) if self.decode(old, self._path) == expected else None
+        )
+        return self.decode(new, self._path)
 
     def close(self) -> None:
         self._record.close()
@@ -316,7 +332,3 @@ class Counter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _decode(raw: bytes) -> int:
-    return int(_INT64.unpack(raw[:8])[0]) if len(raw) >= 8 else 0

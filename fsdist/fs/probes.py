@@ -129,7 +129,7 @@ def rewrite_visibility(
     writer.write(Counter.encode(0))
     held = LockedRecord(path_b)
     try:
-        held.read(0, 8)  # warm B's caches with the old value, as a long-lived reader has
+        held.read(0, Counter.SIZE)  # warm B's caches with the old value, as a long-lived reader has
         worst: list[float | None] = [0.0, 0.0]
         value = 0
         for how in (0, 1):
@@ -152,11 +152,11 @@ def _until_read(held: LockedRecord | None, path: str, value: int, limit: float) 
     start = time.monotonic()
     while time.monotonic() - start < limit:
         if held is not None:
-            raw = held.read(0, 8)
+            raw = held.read(0, Counter.SIZE)
         else:
             with LockedRecord(path, create=False) as fresh:
-                raw = fresh.read(0, 8)
-        if len(raw) == 8 and Counter.decode(raw) == value:
+                raw = fresh.read(0, Counter.SIZE)
+        if len(raw) == Counter.SIZE and Counter.decode(raw, path) == value:
             return time.monotonic() - start
         time.sleep(0.001)
     return None

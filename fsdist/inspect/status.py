@@ -166,7 +166,10 @@ def _member(gen_dir: str, rank: int, data: dict[str, Any], now: float) -> Member
     who = Identity.from_json(data)
     raw, mtime = read_locked(layout.heartbeat_file(gen_dir, rank))
     # the counter file exists from the start, empty until the first beat (after a second)
-    beats = None if mtime is None else Counter.decode(raw)
+    try:
+        beats = None if mtime is None else Counter.decode(raw, layout.heartbeat_file(gen_dir, rank))
+    except ProtocolError:
+        beats = None  # a damaged counter: status still shows the rest (liveness comes from /proc)
     age = max(0.0, now - mtime) if mtime is not None else None
     alive = is_alive(who)
     if data.get("left"):

@@ -4,26 +4,30 @@ Written only by its rank, read by its peers, always under the file's fcntl lock 
 
     offset  size  field
     0       4     magic b"FSST"
-    4       2     version (3), little-endian like every field
+    4       2     version (4), little-endian like every field
     6       2     flags: bit 0 = the rank closed the group; bit 1 = it aborted the group
     8       8     seq: the operation the rank is in (int64; 0 before the first)
     16      4     step: the last step of it the rank announced (uint32)
-    20      2     length of the description in bytes (<= 224)
+    20      2     length of the description in bytes (<= 220)
     22      2     zero
     24      8     history hash after operation seq (uint64)
-    32      224   the operation's description, UTF-8, zero-padded (describe.py's text)
+    32      220   the operation's description, UTF-8, zero-padded (describe.py's text)
+    252     4     CRC-32 of bytes 0-251
     256     4·2K  INLINE_SLOTS inline slots of INLINE_SLOT_BYTES each (below)
-    8448    N·4K  a pair area per peer p (PAIR_AREA bytes, at pair_offset(p)), for point to point:
+    8448    N·4K+ a pair area per peer p (PAIR_AREA bytes, at pair_offset(p)), for point to point:
                     +0   8     sent: how many messages this rank has sent to p (int64)
                     +8   8     received: how many of p's messages this rank has consumed
-                    +16  2·2K  P2P_SLOTS inline slots for small messages to p (index i in slot
+                    +16  4     CRC-32 of the two counters (all 24 bytes zero: never written)
+                    +20  4     zero
+                    +24  2·2K  P2P_SLOTS inline slots for small messages to p (index i in slot
                                i mod P2P_SLOTS; the slot header's seq is the index, step 0)
 
 An inline slot carries one small collective message inside the record, so publishing it is one
 locked write of the record the rank writes anyway, and a peer that reads the record to see the
 step has the message in the same read: no file to create, rename, open or unlink. A slot is
-``<q I I>`` (seq, step, message length; length 0 = empty) followed by the message in the format
-of protocol/message.py (with its own seq, description and CRC, checked by the reader). The
+``<q I I I>`` (seq, step, message length, CRC-32 of those three fields and the message; length
+0 = empty) followed by the message in the format of protocol/message.py (with its own seq,
+description and header CRC, checked by the reader). The
 writer reuses a slot only after every peer's record shows it past the slot's operation; with no
 free slot it publishes a file. A point-to-point slot is reused once the receiver's ``received``
 counter shows the message in it consumed; a sender writes a small message, its ``sent`` counter
@@ -34,18 +38,22 @@ The history hash chains every description so far: ``h(seq) = blake2b-64(h(seq-1)
 little-endian ‖ description of seq)``, ``h(0) = 0``, read as a little-endian uint64. Two ranks
 whose hashes differ at the same seq called different operations at or before it.
 A record shorter than the header has not been written yet: its rank has not started.
+
+Every field a reader acts on is covered by a CRC-32 (the header, each slot, each pair's counters),
+so a bit flipped on disk, or bytes another program wrote, are refused with ProtocolError rather
+than read as another position, message or count.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+import zlib
 from dataclasses import dataclass
 
 from ..errors import ProtocolError
 
 __all__ = [
-    "COUNTER_SIZE",
     "DESCRIPTION_MAX",
     "FLAG_ABORTED",
     "FLAG_CLOSED",
@@ -57,15 +65,15 @@ __all__ = [
     "P2P_SLOTS",
     "P2P_SLOT_BYTES",
     "PAIR_AREA",
+    "PAIR_COUNTERS_SIZE",
     "POSITION_SIZE",
     "VERSION",
     "PeerState",
     "chain",
     "decode",
-    "decode_counter",
     "decode_pair",
     "encode",
-    "encode_counter",
+    "encode_pair",
     "encode_slot",
     "find_inline",
     "find_p2p",
@@ -73,29 +81,30 @@ __all__ = [
     "p2p_slot_end",
     "pair_offset",
     "put_p2p",
-    "received_offset",
-    "sent_offset",
     "slot_offset",
 ]
 
 _HEADER = struct.Struct("<4sHHqIH2xQ")
 _MAGIC = b"FSST"
-VERSION = 3
+VERSION = 4
 _DESCRIPTION_OFFSET = 32
-DESCRIPTION_MAX = 224
-#: The header and the description: what a reader of positions (`fsdist status`) reads.
-HEADER_SIZE = _DESCRIPTION_OFFSET + DESCRIPTION_MAX
+DESCRIPTION_MAX = 220
+_CRC = struct.Struct("<I")
+#: The header, the description and their CRC: what a reader of positions (`fsdist status`) reads.
+HEADER_SIZE = _DESCRIPTION_OFFSET + DESCRIPTION_MAX + _CRC.size
 #: Inline slots: how many small messages a rank may have in its record at once, and their size.
 INLINE_SLOTS = 4
 INLINE_SLOT_BYTES = 2048
-_INLINE = struct.Struct("<qII")
+_INLINE = struct.Struct("<qIII")
+_SLOT_FIELDS = struct.Struct("<qII")  # the slot's fields its CRC covers (with the message)
 #: The largest encoded message a slot holds.
 INLINE_MAX = INLINE_SLOT_BYTES - _INLINE.size
 #: What a peer reads to learn a rank's position and its inline messages in one go.
 POSITION_SIZE = HEADER_SIZE + INLINE_SLOTS * INLINE_SLOT_BYTES
-_COUNTER = struct.Struct("<q")
-COUNTER_SIZE = _COUNTER.size
-_PAIR = struct.Struct("<qq")
+_PAIR = struct.Struct("<qqI4x")
+#: A pair area's counters and their CRC: what a sender reads to learn what its peer consumed.
+PAIR_COUNTERS_SIZE = _PAIR.size
+_PAIR_VALUES = struct.Struct("<qq")  # what the counters' CRC covers
 #: Inline slots per pair area (messages to one peer in the record at once), and their size.
 P2P_SLOTS = 2
 P2P_SLOT_BYTES = INLINE_SLOT_BYTES
@@ -142,7 +151,8 @@ def encode(seq: int, step: int, description: str, history: int, flags: int = 0) 
     """The record's first HEADER_SIZE bytes (the counters after them are written one by one)."""
     text = fit(description).encode()
     header = _HEADER.pack(_MAGIC, VERSION, flags, seq, step, len(text), history)
-    return header.ljust(_DESCRIPTION_OFFSET, b"\0") + text.ljust(DESCRIPTION_MAX, b"\0")
+    body = header.ljust(_DESCRIPTION_OFFSET, b"\0") + text.ljust(DESCRIPTION_MAX, b"\0")
+    return body + _CRC.pack(zlib.crc32(body))
 
 
 def decode(raw: bytes, path: str) -> PeerState:
@@ -152,6 +162,10 @@ def decode(raw: bytes, path: str) -> PeerState:
     magic, version, flags, seq, step, length, history = _HEADER.unpack_from(raw)
     if magic != _MAGIC or version != VERSION or length > DESCRIPTION_MAX:
         raise ProtocolError(f"{path} is not an fsdist v{VERSION} state record")
+    if len(raw) < HEADER_SIZE:
+        raise ProtocolError(f"{path}: a state record of {len(raw)} bytes is cut short (its header is {HEADER_SIZE})")
+    if _CRC.unpack_from(raw, HEADER_SIZE - _CRC.size)[0] != zlib.crc32(memoryview(raw)[: HEADER_SIZE - _CRC.size]):
+        raise ProtocolError(f"{path}: state record checksum mismatch (corrupt, or written by another program)")
     text = raw[_DESCRIPTION_OFFSET : _DESCRIPTION_OFFSET + length].decode(errors="replace")
     return PeerState(seq, step, bool(flags & FLAG_CLOSED), text, history, bool(flags & FLAG_ABORTED))
 
@@ -161,36 +175,37 @@ def pair_offset(peer: int) -> int:
     return POSITION_SIZE + PAIR_AREA * peer
 
 
-def sent_offset(dst: int) -> int:
-    return pair_offset(dst)
-
-
-def received_offset(src: int) -> int:
-    return pair_offset(src) + _COUNTER.size
-
-
 def p2p_slot_end(index: int) -> int:
     """Bytes from a pair area's start through the slot of message ``index``."""
     return _PAIR.size + (index % P2P_SLOTS + 1) * P2P_SLOT_BYTES
 
 
+def encode_pair(sent: int, received: int) -> bytes:
+    """A pair area's counters with their CRC (written whole: both counters share it)."""
+    return _PAIR.pack(sent, received, zlib.crc32(_PAIR_VALUES.pack(sent, received)))
+
+
 def put_p2p(area: bytearray, sent: int, received: int, index: int, message: bytes) -> int:
     """Write the counters and message ``index`` into its slot of ``area`` (a pair area's image);
     returns how many bytes from the area's start now need writing."""
-    _PAIR.pack_into(area, 0, sent, received)
+    area[: _PAIR.size] = encode_pair(sent, received)
     start = _PAIR.size + index % P2P_SLOTS * P2P_SLOT_BYTES
     slot = encode_slot(index, 0, message)
     area[start : start + len(slot)] = slot
     return start + len(slot)
 
 
-def decode_pair(raw: bytes) -> tuple[int, int]:
+def decode_pair(raw: bytes, where: str = "a pair area") -> tuple[int, int]:
     """(sent, received) of a pair area read from its start; 0 for counters never written."""
     if len(raw) < _PAIR.size:
         raw = raw + bytes(_PAIR.size - len(raw))
-    sent, received = _PAIR.unpack_from(raw)
+    sent, received, crc = _PAIR.unpack_from(raw)
+    if crc != zlib.crc32(memoryview(raw)[: _PAIR_VALUES.size]):
+        if not any(memoryview(raw)[: _PAIR.size]):
+            return 0, 0  # never written (a hole in the record)
+        raise ProtocolError(f"{where}: point-to-point counters' checksum mismatch (corrupt)")
     if sent < 0 or received < 0:
-        raise ProtocolError(f"negative point-to-point counter ({sent}, {received})")
+        raise ProtocolError(f"{where}: negative point-to-point counter ({sent}, {received})")
     return int(sent), int(received)
 
 
@@ -199,12 +214,10 @@ def find_p2p(raw: bytes, index: int) -> bytes | None:
     start = _PAIR.size + index % P2P_SLOTS * P2P_SLOT_BYTES
     if len(raw) < start + _INLINE.size:
         return None
-    slot_index, _, length = _INLINE.unpack_from(raw, start)
+    slot_index, _, length, _ = _INLINE.unpack_from(raw, start)
     if not length or slot_index != index:
         return None
-    if length > INLINE_MAX or start + _INLINE.size + length > len(raw):
-        raise ProtocolError(f"point-to-point slot of message {index} claims {length} bytes (at most {INLINE_MAX})")
-    return raw[start + _INLINE.size : start + _INLINE.size + length]
+    return _slot_message(raw, start, f"point-to-point slot of message {index}")
 
 
 def slot_offset(slot: int) -> int:
@@ -215,7 +228,19 @@ def encode_slot(seq: int, step: int, message: bytes) -> bytes:
     """An inline slot holding ``message`` (at most INLINE_MAX bytes) of (``seq``, ``step``)."""
     if len(message) > INLINE_MAX:
         raise ValueError(f"{len(message)} bytes do not fit an inline slot ({INLINE_MAX})")
-    return _INLINE.pack(seq, step, len(message)) + message
+    fields = _SLOT_FIELDS.pack(seq, step, len(message))
+    return _INLINE.pack(seq, step, len(message), zlib.crc32(message, zlib.crc32(fields))) + message
+
+
+def _slot_message(raw: bytes, start: int, what: str) -> bytes:
+    """The message in the slot at ``start`` of ``raw``, its length and CRC checked."""
+    seq, step, length, crc = _INLINE.unpack_from(raw, start)
+    if length > INLINE_MAX or start + _INLINE.size + length > len(raw):
+        raise ProtocolError(f"{what} claims {length} bytes (at most {INLINE_MAX})")
+    found = raw[start + _INLINE.size : start + _INLINE.size + length]
+    if zlib.crc32(found, zlib.crc32(_SLOT_FIELDS.pack(seq, step, length))) != crc:
+        raise ProtocolError(f"{what}: checksum mismatch (corrupt)")
+    return found
 
 
 def find_inline(raw: bytes, seq: int, step: int) -> bytes | None:
@@ -225,18 +250,7 @@ def find_inline(raw: bytes, seq: int, step: int) -> bytes | None:
         start = slot_offset(slot)
         if len(raw) < start + _INLINE.size:
             break
-        slot_seq, slot_step, length = _INLINE.unpack_from(raw, start)
+        slot_seq, slot_step, length, _ = _INLINE.unpack_from(raw, start)
         if length and slot_seq == seq and slot_step == step:
-            if length > INLINE_MAX or start + _INLINE.size + length > len(raw):
-                raise ProtocolError(f"inline slot {slot} claims {length} bytes (at most {INLINE_MAX})")
-            return raw[start + _INLINE.size : start + _INLINE.size + length]
+            return _slot_message(raw, start, f"inline slot {slot}")
     return None
-
-
-def encode_counter(value: int) -> bytes:
-    return _COUNTER.pack(value)
-
-
-def decode_counter(raw: bytes) -> int:
-    """A counter's value; 0 while it has not been written."""
-    return int(_COUNTER.unpack(raw)[0]) if len(raw) == _COUNTER.size else 0

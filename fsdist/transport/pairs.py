@@ -97,7 +97,7 @@ class Pairs:
         """Write ``encoded`` (a message, or where it lies in the ring) into its slot, with the counters."""
         with self._area_lock:
             area = self._areas[dst]
-            received = state_record.decode_pair(bytes(area[:16]))[1]
+            received = self._counters_written(dst)[1]
             end = state_record.put_p2p(area, index + 1, received, index, encoded)
             self._progress.write_own(bytes(area[:end]), state_record.pair_offset(dst))
 
@@ -128,24 +128,30 @@ class Pairs:
         _, spare = self._retention.write(name, buffers, sum(len(b) for b in buffers))
         if spare is not None:
             spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
-        counter = state_record.encode_counter(index + 1)
         with self._area_lock:
-            self._areas[dst][: len(counter)] = counter
-            self._progress.write_own(counter, state_record.sent_offset(dst))
+            self._write_counters(dst, index + 1, self._counters_written(dst)[1])
 
     def sent_to_me(self, src: int) -> int:
         """How many messages ``src`` has sent to this rank (reading its whole pair area for us)."""
         raw = self._progress.read_peer(src, state_record.pair_offset(self._progress.rank), state_record.PAIR_AREA)
-        sent, received = state_record.decode_pair(raw)
+        sent, received = state_record.decode_pair(raw, self._progress.state_path(src))
         self._seen[src] = raw
         self._received_by[src] = max(self._received_by[src], received)
         return sent
 
     def acknowledge(self, src: int, received: int) -> None:
-        counter = state_record.encode_counter(received)
         with self._area_lock:
-            self._areas[src][8:16] = counter
-            self._progress.write_own(counter, state_record.received_offset(src))
+            self._write_counters(src, self._counters_written(src)[0], received)
+
+    def _counters_written(self, peer: int) -> tuple[int, int]:
+        """(sent, received) as this rank last wrote them for ``peer`` (the area lock is held)."""
+        return state_record.decode_pair(bytes(self._areas[peer][: state_record.PAIR_COUNTERS_SIZE]))
+
+    def _write_counters(self, peer: int, sent: int, received: int) -> None:
+        """Write both counters for ``peer`` (they share a CRC; the area lock is held)."""
+        counters = state_record.encode_pair(sent, received)
+        self._areas[peer][: len(counters)] = counters
+        self._progress.write_own(counters, state_record.pair_offset(peer))
 
     def open(self, src: int, index: int) -> message.Message | message.InlineMessage:
         """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline, in its ring, or a file."""
@@ -199,9 +205,10 @@ class Pairs:
 
     def _read_received_by(self, dst: int) -> int:
         raw = self._progress.read_peer(
-            dst, state_record.received_offset(self._progress.rank), state_record.COUNTER_SIZE
+            dst, state_record.pair_offset(self._progress.rank), state_record.PAIR_COUNTERS_SIZE
         )
-        self._received_by[dst] = max(self._received_by[dst], state_record.decode_counter(raw))
+        received = state_record.decode_pair(raw, self._progress.state_path(dst))[1]
+        self._received_by[dst] = max(self._received_by[dst], received)
         return self._received_by[dst]
 
     def _wait_for_receiver(self, dst: int) -> None:
