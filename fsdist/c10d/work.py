@@ -54,6 +54,34 @@ class _Failed:
         self.error = error
 
 
+class _Latch:
+    """A one-shot event on a bare lock, held until ``set``: every operation makes one, and
+    ``threading.Event`` builds a Condition for it (~3 µs, a few % of a small all_reduce)."""
+
+    __slots__ = ("_held", "_set")
+
+    def __init__(self) -> None:
+        self._held = threading.Lock()
+        self._held.acquire()
+        self._set = False
+
+    def set(self) -> None:
+        """Called once (FsdistWork completes once)."""
+        self._set = True
+        self._held.release()
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._set:
+            return True
+        if self._held.acquire(timeout=-1 if timeout is None else timeout):
+            self._held.release()  # let every other waiter through too
+            return True
+        return self._set
+
+
 class FsdistWork(dist.Work):
     """The handle of one operation: ``wait()`` raises its real error; the future holds outputs."""
 
@@ -62,7 +90,7 @@ class FsdistWork(dist.Work):
         self.description = description
         self._outputs = outputs
         self._future: torch.futures.Future[Any] = torch.futures.Future()
-        self._done = threading.Event()
+        self._done = _Latch()
         self._error: BaseException | None = None
         self._source: int = -1
         self._lock = threading.Lock()

@@ -54,7 +54,8 @@ class Progress:
         self.step = 0
         self.description = ""
         self._flags = 0
-        self._records = [LockedRecord(layout.state_file(directory, r), on_wait=self._lock_wait(r)) for r in range(size)]
+        self._state_paths = [layout.state_file(directory, r) for r in range(size)]  # named in every error
+        self._records = [LockedRecord(path, on_wait=self._lock_wait(r)) for r, path in enumerate(self._state_paths)]
         self._abort = LockedRecord(os.path.join(directory, layout.ABORT_FILE))
         #: the highest operation each peer was seen in, and the furthest (operation, step) it was
         #: seen at (garbage collection reads them)
@@ -372,4 +373,4 @@ class Progress:
         return f"rank {self.names[self.rank]}{self._tier}, operation #{self.seq} '{self.description}'"
 
     def state_path(self, rank: int) -> str:
-        return layout.state_file(self.directory, rank)
+        return self._state_paths[rank]
