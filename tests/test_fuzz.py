@@ -17,16 +17,19 @@ import json
 import os
 import struct
 import zlib
+from datetime import timedelta
 
 import pytest
 import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from fsdist.c10d.store import DirectoryStore
 from fsdist.c10d.store_rendezvous import _parse_member
 from fsdist.errors import ProtocolError, RendezvousError
 from fsdist.files.locks import Counter
-from fsdist.protocol import failure_report, message, rendezvous_record, state_record
+from fsdist.protocol import failure_report, layout, message, rendezvous_record, state_record
+from fsdist.protocol.sealed import seal_json, seal_value, unseal_json
 
 EXAMPLES = int(os.environ.get("FSDIST_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(  # no example database: nothing written beside the tests
@@ -213,12 +216,15 @@ def test_a_counter_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
 
 
 # ---- JSON records: rendezvous, failure reports, store members ---------------------------------
+# Each sealed record is tested two ways: damaged (mutations of a valid record: refused, or read as
+# the very record written), and forged (any JSON under a valid seal: the parser's field checks).
 
 _MEMBER = {"host": "h", "pid": 10, "start_time": 5, "nonce": "ab" * 8, "machine": "m", "node": "n"}
-VALID_RENDEZVOUS = json.dumps(
-    {"format": 1, "generation": "0123456789abcdef", "world_size": 2, "complete": True,
-     "members": {"0": _MEMBER, "1": {**_MEMBER, "pid": 11}}, "replaced": ["fedcba9876543210"]}
-).encode()  # fmt: skip
+RENDEZVOUS_STATE = {
+    "format": 1, "generation": "0123456789abcdef", "world_size": 2, "complete": True,
+    "members": {"0": _MEMBER, "1": {**_MEMBER, "pid": 11}}, "replaced": ["fedcba9876543210"],
+}  # fmt: skip
+VALID_RENDEZVOUS = rendezvous_record.encode(RENDEZVOUS_STATE)
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
@@ -226,51 +232,69 @@ _JSON = st.recursive(
 )
 
 
-def _json_variants(valid: dict) -> st.SearchStrategy[bytes]:
-    """``valid`` with one top-level or member field replaced by arbitrary JSON, or removed."""
+def _json_variants(valid: dict, seal: bool = True) -> st.SearchStrategy[bytes]:
+    """``valid`` with one top-level or member field replaced by arbitrary JSON, or removed, under a
+    valid seal (``seal``) or as plain JSON."""
     keys = sorted(valid)
-    replaced = st.tuples(st.sampled_from(keys), _JSON).map(lambda kv: json.dumps({**valid, kv[0]: kv[1]}).encode())
-    removed = st.sampled_from(keys).map(lambda k: json.dumps({n: v for n, v in valid.items() if n != k}).encode())
-    return st.one_of(replaced, removed, _JSON.map(lambda v: json.dumps(v).encode()))
+    dump = seal_json if seal else (lambda obj: json.dumps(obj).encode())
+    replaced = st.tuples(st.sampled_from(keys), _JSON).map(lambda kv: dump({**valid, kv[0]: kv[1]}))
+    removed = st.sampled_from(keys).map(lambda k: dump({n: v for n, v in valid.items() if n != k}))
+    return st.one_of(replaced, removed, _JSON.map(dump))
+
+
+def _damaged_or_forged(valid: bytes, fields: dict) -> st.SearchStrategy[tuple[bytes, bool]]:
+    """(raw, damaged): ``valid`` mutated (True), or a forged record under a valid seal (False)."""
+    return st.one_of(
+        _mutations(valid).map(lambda raw: (raw, raw != valid)), _json_variants(fields).map(lambda raw: (raw, False))
+    )
 
 
 @FUZZ
-@given(raw=st.one_of(_mutations(VALID_RENDEZVOUS), _json_variants(json.loads(VALID_RENDEZVOUS))))
-@example(raw=VALID_RENDEZVOUS.replace(b'"1": {', b'"\\u00b2": {'))  # a Unicode digit as a rank: found at 10,000
-def test_a_rendezvous_record_is_read_or_refused_as_corrupt(raw: bytes) -> None:
+@given(case=_damaged_or_forged(VALID_RENDEZVOUS, RENDEZVOUS_STATE))
+@example(case=(seal_json(json.loads(json.dumps(RENDEZVOUS_STATE).replace('"1": {', '"\\u00b2": {'))), False))
+def test_a_rendezvous_record_is_read_or_refused_as_corrupt(case: tuple[bytes, bool]) -> None:
+    """(The example: a Unicode digit as a rank, found at 10,000.)"""
+    raw, damaged = case
     try:
         state = rendezvous_record.parse(raw)
     except rendezvous_record.CorruptRecordError:
         return
+    assert not damaged or state == RENDEZVOUS_STATE or (state == {} and raw == b"")
     if state:  # what parse lets through is what the readers rely on
         assert isinstance(state["world_size"], int) and isinstance(state["members"], dict)
         for member in state["members"].values():
             assert isinstance(member["pid"], int) and isinstance(member["host"], str)
 
 
-VALID_REPORT = failure_report.encode({"rank": 3, "exit_code": 1, "type": "RuntimeError", "message": "x", "time": 1.5})
+REPORT = {"rank": 3, "exit_code": 1, "type": "RuntimeError", "message": "x", "time": 1.5}
+VALID_REPORT = failure_report.encode(REPORT)
 
 
 @FUZZ
-@given(raw=st.one_of(_mutations(VALID_REPORT), _json_variants(json.loads(VALID_REPORT))))
-def test_a_failure_report_is_read_or_refused_with_a_value_error(raw: bytes) -> None:
+@given(case=_damaged_or_forged(VALID_REPORT, REPORT))
+def test_a_failure_report_is_read_or_refused_with_a_value_error(case: tuple[bytes, bool]) -> None:
+    raw, damaged = case
     try:
         report = failure_report.parse(raw)
     except ValueError:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors too
         return
+    assert not damaged or report == REPORT
     assert all(isinstance(report.get(k), int) for k in ("rank", "exit_code") if k in report)
 
 
 VALID_ROUNDS = failure_report.add_round(b"", "0123456789abcdef", 3, 0, {"rank": 2, "exit_code": -9, "host": "h"})
+ROUNDS = failure_report.parse_rounds(VALID_ROUNDS)
 
 
 @FUZZ
-@given(raw=st.one_of(_mutations(VALID_ROUNDS), _json_variants(json.loads(VALID_ROUNDS))))
-def test_a_restart_history_is_read_or_refused_with_a_value_error(raw: bytes) -> None:
+@given(case=_damaged_or_forged(VALID_ROUNDS, json.loads(unseal_json(VALID_ROUNDS))))
+def test_a_restart_history_is_read_or_refused_with_a_value_error(case: tuple[bytes, bool]) -> None:
+    raw, damaged = case
     try:
         history = failure_report.parse_rounds(raw)
     except ValueError:
         return
+    assert not damaged or history == ROUNDS
     assert isinstance(history["job"], str) and isinstance(history["max_restarts"], int)
     for entry in history["rounds"]:
         assert isinstance(entry["round"], int) and entry["round"] >= 0
@@ -279,12 +303,32 @@ def test_a_restart_history_is_read_or_refused_with_a_value_error(raw: bytes) -> 
     assert failure_report.add_round(raw, "another job", 1, 0, {"rank": 0}) is not None
 
 
+# ---- store values (DirectoryStore key files) ---------------------------------------------------
+
+STORE_VALUE = json.dumps({"generation": "0123456789abcdef", "local_root": ""}).encode()
+
+
+@FUZZ
+@given(raw=_mutations(seal_value(STORE_VALUE)))
+def test_a_store_value_is_read_or_refused_with_a_protocol_error(tmp_path_factory, raw: bytes) -> None:
+    """A key file holds its value and the value's CRC: what ``get`` returns is what was set."""
+    store = DirectoryStore(str(tmp_path_factory.mktemp("store")), timedelta(seconds=1))
+    with open(os.path.join(store.directory, layout.key_to_filename("fsdist/generation")), "wb") as key_file:
+        key_file.write(raw)
+    try:
+        value = store.get("fsdist/generation")
+    except ProtocolError as exc:
+        assert "fsdist/generation" in str(exc)  # it names the key and its file
+        return
+    assert value == STORE_VALUE
+
+
 _STORE_MEMBER = {"format": 1, "world_size": 2, "root": "/r", "host": "h", "pid": 1, "start_time": 2, "machine": "m",
                  "nonce": "cd" * 8, "node": "n"}  # fmt: skip
 
 
 @FUZZ
-@given(raw=st.one_of(_mutations(json.dumps(_STORE_MEMBER).encode()), _json_variants(_STORE_MEMBER)))
+@given(raw=st.one_of(_mutations(json.dumps(_STORE_MEMBER).encode()), _json_variants(_STORE_MEMBER, seal=False)))
 def test_a_store_member_entry_is_read_or_refused_with_a_rendezvous_error(raw: bytes) -> None:
     try:
         member = _parse_member(raw, 1)

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -129,6 +130,11 @@ def test_the_two_node_example_script_forms_one_four_rank_job() -> None:
     assert "step    10/10" in result.stdout and "(4 ranks)" in result.stdout, result.stdout
 
 
+def _sealed(raw: bytes) -> bytes:
+    """``raw`` with the checksum line fsdist's writers add (protocol/sealed.py)."""
+    return raw + b"\n#crc32=%08x\n" % zlib.crc32(raw)
+
+
 def test_failure_reports_are_parsed_not_trusted() -> None:
     """What a rank or another launcher wrote is checked field by field before it is reported."""
     from fsdist.protocol import failure_report
@@ -136,9 +142,12 @@ def test_failure_reports_are_parsed_not_trusted() -> None:
     raw = failure_report.encode({"rank": 2, "type": "ValueError", "message": "bad", "time": 5.0, "extra": [1]})
     assert failure_report.parse(raw) == {"rank": 2, "type": "ValueError", "message": "bad", "time": 5.0}
     wrong_types = b'{"rank": "0; rm -rf", "type": 3, "message": "m", "time": NaN, "exit_code": true}'
-    assert failure_report.parse(wrong_types) == {"message": "m"}
+    with pytest.raises(ValueError, match="checksum"):
+        failure_report.parse(wrong_types)  # not sealed: not written by fsdist, or damaged
+    assert failure_report.parse(_sealed(wrong_types)) == {"message": "m"}  # sealed, yet still checked
     for junk in (b"[1, 2]", b"{}", b"not json", b"{" + b" " * failure_report.MAX_BYTES + b"}"):
-        with pytest.raises(ValueError):
-            failure_report.parse(junk)
+        for raw in (junk, _sealed(junk)):
+            with pytest.raises(ValueError):
+                failure_report.parse(raw)
     huge = failure_report.encode({"rank": 0, "type": "E", "message": "m", "traceback": "x" * (1 << 20)})
     assert len(huge) <= failure_report.MAX_BYTES and failure_report.parse(huge)["traceback"].endswith("x")

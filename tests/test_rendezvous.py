@@ -11,6 +11,7 @@ import pytest
 from fsdist.c10d.init_methods import parse_url
 from fsdist.errors import RendezvousError
 from fsdist.job.rendezvous import rendezvous
+from fsdist.protocol import rendezvous_record
 from fsdist.protocol.layout import RENDEZVOUS_FILE
 
 import cases_init as cases
@@ -75,9 +76,13 @@ def test_a_second_live_job_is_refused(pool_factory) -> None:
 
 
 def test_foreign_rendezvous_file_is_a_clear_error(tmp_path) -> None:
-    (tmp_path / RENDEZVOUS_FILE).write_text(json.dumps({"hello": 1}))
-    with pytest.raises(RendezvousError, match="unknown format"):
-        rendezvous(str(tmp_path), 0, 1, timedelta(seconds=5))
+    for content, says in [
+        (json.dumps({"hello": 1}).encode(), "not a sealed JSON record"),  # another program's JSON
+        (rendezvous_record.encode({"hello": 1}), "unknown format"),  # sealed, but not a record
+    ]:
+        (tmp_path / RENDEZVOUS_FILE).write_bytes(content)
+        with pytest.raises(RendezvousError, match=says):
+            rendezvous(str(tmp_path), 0, 1, timedelta(seconds=5))
 
 
 def test_bad_rank_is_refused(tmp_path) -> None:
@@ -104,7 +109,7 @@ def test_dead_holder_of_a_slot_in_a_forming_generation_is_replaced_whatever_the_
 
     dead = {"host": os.uname().nodename, "pid": 2**22 + 7, "start_time": 1, "nonce": "x"}  # no such pid
     stale = {"format": 1, "generation": "deadbeefdeadbeef", "world_size": 2, "complete": False, "members": {"0": dead}}
-    (tmp_path / RENDEZVOUS_FILE).write_text(json.dumps(stale))
+    (tmp_path / RENDEZVOUS_FILE).write_bytes(rendezvous_record.encode(stale))
     results: dict[int, object] = {}
 
     def join(rank: int, delay: float) -> None:

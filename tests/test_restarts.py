@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -156,8 +157,9 @@ def test_restart_history_is_parsed_not_trusted() -> None:
     bad_rounds = b'{"format": 1, "job": "j", "max_restarts": 1, "rounds": [{"round": -1}]}'
     bad_budget = b'{"format": 1, "job": "j", "max_restarts": true, "rounds": []}'
     for bad in (b"[" * 100_000, b"[]", b'{"format": 1}', bad_rounds, bad_budget, b"\xff" * 10):
-        with pytest.raises(ValueError):
-            failure_report.parse_rounds(bad)
+        for raw in (bad, bad + b"\n#crc32=%08x\n" % zlib.crc32(bad)):  # unsealed, and sealed as if by fsdist
+            with pytest.raises(ValueError):
+                failure_report.parse_rounds(raw)
 
 
 def _torchrun(tmp: Path, node: int, nnodes: str, *rest: str) -> list[str]:

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from fsdist.inspect.status import read_status
+from fsdist.protocol import failure_report
 
 import cases_status as cases
 from harness import RankPool
@@ -132,8 +133,10 @@ def test_status_reads_a_crashed_job_and_watch_repeats(tmp_path) -> None:
     with open(abort, "w") as marker:
         marker.write("rank 1: DesyncError: on purpose")
     os.makedirs(os.path.join(directory, ".launch", "gen-0"))
-    with open(os.path.join(directory, ".launch", "gen-0", "abort"), "w") as failure:
-        json.dump({"rank": 1, "exit_code": 1, "type": "DesyncError", "message": "on purpose"}, failure)
+    with open(os.path.join(directory, ".launch", "gen-0", "abort"), "wb") as failure:
+        failure.write(
+            failure_report.encode({"rank": 1, "exit_code": 1, "type": "DesyncError", "message": "on purpose"})
+        )
     shown = _status(directory, "--json", "--watch", "--interval", "0.1", "--count", "2")
     assert shown.returncode == 0, shown.stderr
     snapshots = [json.loads(line) for line in shown.stdout.splitlines()]

@@ -2,9 +2,10 @@
 
 torch needs a store for its own bookkeeping (rendezvous, ``new_group``, DDP); this one needs no
 server and no port. Values are published atomically (temporary file + rename), so ``get`` never
-returns a partial value. Changes that read before they write (``add``, ``compare_set``,
-``append``) run under one fcntl lock on ``.lock``. Keys are escaped into file names that cannot
-leave the directory, whatever the key contains.
+returns a partial value, and carry a CRC-32 (protocol/sealed.py), so a damaged one is refused
+(ProtocolError naming the file) rather than returned as another value. Changes that read before
+they write (``add``, ``compare_set``, ``append``) run under one fcntl lock on ``.lock``. Keys are
+escaped into file names that cannot leave the directory, whatever the key contains.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import Any
 import torch.distributed as dist
 
 from ..defaults import DEFAULT_TIMEOUT
-from ..errors import FsdistTimeoutError
+from ..errors import FsdistTimeoutError, ProtocolError
 from ..files.io import make_private_dir, open_file, publish, retrying, unlink_quietly
 from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
 from ..protocol import layout
+from ..protocol.sealed import seal_value, unseal_value
 
 __all__ = ["DirectoryStore"]
 
@@ -171,12 +173,15 @@ class DirectoryStore(dist.Store):
             chunks = []
             while chunk := os.read(fd, 1 << 20):
                 chunks.append(chunk)
-            return b"".join(chunks)
         finally:
             os.close(fd)
+        try:
+            return unseal_value(b"".join(chunks))
+        except ValueError as exc:
+            raise ProtocolError(f"store {self._path(key)} (key {key!r}): {exc}") from None
 
     def _write(self, key: str, value: bytes) -> None:
-        publish(self.directory, layout.key_to_filename(key), [value])
+        publish(self.directory, layout.key_to_filename(key), [seal_value(value)])
 
     def _wait_value(self, key: str, deadline: Deadline) -> bytes:
         name = layout.key_to_filename(key)

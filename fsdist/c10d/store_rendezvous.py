@@ -42,7 +42,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..defaults import ENV_DIR, SHARED_DIR_GRACE_SECONDS, local_dir
-from ..errors import RendezvousError
+from ..errors import ProtocolError, RendezvousError
 from ..files.io import make_private_dir, remove_tree
 from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
@@ -50,7 +50,7 @@ from ..fs import guard
 from ..job.claim import claim, confirm, withdraw
 from ..job.generation import Generation
 from ..job.liveness import Identity, is_alive, this_process
-from ..protocol import layout
+from ..protocol import layout, rendezvous_record
 from .compat import unwrap_store
 from .store import DirectoryStore
 
@@ -296,12 +296,12 @@ def _sweep(base: str, prefix: str) -> None:
             continue
         try:
             with LockedRecord(record, create=False) as locked:
-                state = json.loads(locked.read() or b"{}")
-            members = state.get("members", {}).values() if isinstance(state, dict) else []
+                state = rendezvous_record.parse(locked.read())
+            members = state.get("members", {}).values()
             if members and all(m.get("left") or _dead(m) for m in members):
                 remove_tree(path)
                 log.info("fsdist: removed %s, left by a job that died", path)
-        except (OSError, ValueError, AttributeError, KeyError, TypeError, RecursionError):
+        except (OSError, ValueError, AttributeError, KeyError, TypeError, RecursionError, ProtocolError):
             continue  # another user's, damaged, or being removed right now: not ours to judge
 
 

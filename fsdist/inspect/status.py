@@ -27,6 +27,7 @@ from ..files.locks import Counter, read_locked
 from ..job.liveness import Identity, is_alive, node_id
 from ..job.nodes import Nodes
 from ..protocol import failure_report, layout, rendezvous_record, state_record
+from ..protocol.sealed import unseal_value
 from .straggler import RankPosition, Straggler, find_straggler, holding_up, in_step_line, list_ranks
 
 __all__ = ["GroupStatus", "MemberStatus", "RankPosition", "RunStatus", "Straggler", "read_status"]
@@ -267,7 +268,7 @@ def _group_ranks(gen_dir: str, dirname: str) -> list[int] | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        return [int(r) for r in json.loads(raw)] if raw else None
+        return [int(r) for r in json.loads(unseal_value(raw))] if raw else None
     except (ValueError, TypeError, RecursionError):
         return None
 

@@ -9,7 +9,6 @@ view is rank 0's directory. A generation that fails to form is withdrawn.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from datetime import timedelta
@@ -20,7 +19,7 @@ from ..errors import RendezvousError
 from ..files.io import make_private_dir, remove_tree, unlink_quietly
 from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
-from ..protocol import layout
+from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import conflict_message, parse
 from .clean import remove_node_tiers
 from .generation import Generation
@@ -53,13 +52,13 @@ def claim(root: str, members: list[dict[str, Any]], timeout: timedelta, owns_roo
                 raise  # never disturb a running job
             previous["conflict"] = conflict_message(previous, 0, world_size, members[0])  # fail its ranks too
             conflict.append(exc)
-            return json.dumps(previous).encode()
+            return rendezvous_record.encode(previous)
         if verdict != "replace":
             return None  # the previous job is leaving: wait for its last member
         state = new_generation(root, world_size, previous)
         state["members"] = {str(r): m for r, m in enumerate(members)}
         state["complete"] = True
-        return json.dumps(state).encode()
+        return rendezvous_record.encode(state)
 
     def taken() -> bool | None:
         record.update(take)

@@ -7,7 +7,6 @@ ranks join the generation that replaced it (the record names it: ``replaced``).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
 
@@ -15,7 +14,7 @@ from ..defaults import local_dir
 from ..errors import RendezvousError
 from ..files.io import remove_tree
 from ..files.locks import LockedRecord
-from ..protocol import layout
+from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import parse
 from .liveness import Identity, is_alive, node_id
 
@@ -83,7 +82,7 @@ def retire_stopped(root: str) -> None:
             here = node_id()
             if not any(s for m, s in zip(running, alive, strict=True) if Identity.from_json(m).placement == here):
                 remove_node_tiers([state["generation"]], here)  # no rank of this node runs: its tiers are over
-            return json.dumps(state).encode() if False in alive else None
+            return rendezvous_record.encode(state) if False in alive else None
 
         record.update(mark)
 

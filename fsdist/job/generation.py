@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from dataclasses import dataclass, field
 from ..errors import FsdistError
 from ..files.io import remove_tree, unlink_quietly
 from ..files.locks import LockedRecord
-from ..protocol import layout
+from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import parse
 from .clean import remove_node_tiers
 from .liveness import Identity
@@ -87,7 +86,7 @@ class Generation:
                 emptied = True
                 remove_tree(self.directory)
                 return b""
-            return json.dumps(state).encode()
+            return rendezvous_record.encode(state)
 
         with LockedRecord(os.path.join(self.root, layout.RENDEZVOUS_FILE)) as record:
             record.update(mark)

@@ -16,7 +16,6 @@ The file holds JSON, never pickle: the directory is shared with other users.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -30,7 +29,7 @@ from ..files.io import make_private_dir
 from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
 from ..fs import guard
-from ..protocol import layout
+from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import (
     MAX_WAITING,
     CorruptRecordError,
@@ -96,11 +95,11 @@ def rendezvous(
                     raise RendezvousError(state["conflict"])
                 if elastic and not state["complete"] and last_call_over(state):
                     close(state)
-                    return json.dumps(state).encode()
+                    return rendezvous_record.encode(state)
                 return None  # already a member: just watching the generation fill up
             waiting = wait_for_next_round(state) if elastic else None
             if waiting is not None:  # on the running generation's waiting list
-                return json.dumps(state).encode() if waiting else None
+                return rendezvous_record.encode(state) if waiting else None
             try:
                 verdict = judge(state, rank, world_size, me)
             except RendezvousError as exc:
@@ -110,9 +109,9 @@ def rendezvous(
                 # already waiting would otherwise wait for the whole timeout; fail them too
                 state["conflict"] = conflict_message(state, rank, world_size, me)
                 conflict.append(exc)
-                return json.dumps(state).encode()
+                return rendezvous_record.encode(state)
             if verdict == "wait":  # the previous job is shutting down: let it finish
-                return json.dumps(state).encode() if retired else None
+                return rendezvous_record.encode(state) if retired else None
             if verdict == "replace":
                 state = new_generation(root, world_size, previous=state)
                 if elastic:
@@ -122,7 +121,7 @@ def rendezvous(
             slot = rank if rank is not None else min(set(range(world_size)) - {int(r) for r in state["members"]})
             state["members"][str(slot)] = me
             state["complete"] = len(state["members"]) == world_size
-            return json.dumps(state).encode()
+            return rendezvous_record.encode(state)
 
         def formed() -> dict[str, Any] | None:
             nonlocal record

@@ -1,7 +1,7 @@
 """Failure reports of ``fsdist run``: a rank's uncaught exception (``error.r<rank>.json``),
 the job's first failure (the launch generation's ``abort`` record), and the restart history
 (``.launch/rounds``: the first failure of each round of a job run with ``--max-restarts``), all
-JSON objects.
+JSON objects sealed with a checksum line (protocol/sealed.py: a flipped bit is refused).
 
 A rank writes its report just before it exits; its node's launcher reads it, and the launchers
 agree on the first failure through the abort record, so every node reports the same cause with
@@ -15,6 +15,8 @@ import json
 import math
 from typing import Any
 
+from .sealed import seal_json, unseal_json
+
 __all__ = ["MAX_BYTES", "MAX_ROUNDS", "add_round", "encode", "parse", "parse_rounds"]
 
 #: a report carries a traceback, not a log: longer tracebacks keep their end (where it raised)
@@ -27,12 +29,12 @@ _TEXT_FIELDS = ("type", "message", "traceback", "host", "reason")
 
 
 def encode(report: dict[str, Any]) -> bytes:
-    """``report`` as JSON within MAX_BYTES (a long traceback keeps its last part)."""
-    raw = json.dumps(report).encode()
+    """``report`` as sealed JSON within MAX_BYTES (a long traceback keeps its last part)."""
+    raw = seal_json(report)
     if len(raw) > MAX_BYTES:
         report = {**report, "message": str(report.get("message", ""))[:8192]}
         report["traceback"] = "...\n" + str(report.get("traceback", ""))[-(MAX_BYTES // 2) :]
-        raw = json.dumps(report).encode()
+        raw = seal_json(report)
     return raw
 
 
@@ -40,7 +42,11 @@ def parse(raw: bytes) -> dict[str, Any]:
     """The report's known fields, each checked; ``ValueError`` if ``raw`` is not a report."""
     if len(raw) > MAX_BYTES:
         raise ValueError(f"failure report of {len(raw)} bytes is larger than {MAX_BYTES}")
-    report = _loads(raw)
+    return _checked(_loads(unseal_json(raw)))
+
+
+def _checked(report: Any) -> dict[str, Any]:
+    """A report's known fields, each checked (``ValueError`` if it has none)."""
     if not isinstance(report, dict):
         raise ValueError("failure report is not a JSON object")
     checked: dict[str, Any] = {}
@@ -76,7 +82,7 @@ def add_round(
     if fresh:
         history = {"format": 1, "job": job, "max_restarts": max_restarts, "rounds": []}
     if round_index is None:
-        return json.dumps(history).encode() if fresh else None
+        return seal_json(history) if fresh else None
     rounds = history["rounds"]
     entry = _round_entry(failure, round_index)
     same = [i for i, e in enumerate(rounds) if e["round"] == round_index]
@@ -85,10 +91,10 @@ def add_round(
             return None
         rounds[same[0]] = entry
     elif len(rounds) >= MAX_ROUNDS:
-        return json.dumps(history).encode() if fresh else None
+        return seal_json(history) if fresh else None
     else:
         rounds.append(entry)
-    return json.dumps(history).encode()
+    return seal_json(history)
 
 
 def _is_consequence(failure: dict[str, Any]) -> bool:
@@ -114,7 +120,7 @@ def parse_rounds(raw: bytes) -> dict[str, Any]:
         raise ValueError("no restart history")
     if len(raw) > MAX_BYTES:
         raise ValueError(f"restart history of {len(raw)} bytes is larger than {MAX_BYTES}")
-    history = _loads(raw)
+    history = _loads(unseal_json(raw))
     if not isinstance(history, dict) or history.get("format") != 1:
         raise ValueError("restart history is not a format-1 JSON object")
     job, max_restarts, rounds = history.get("job"), history.get("max_restarts"), history.get("rounds")
@@ -128,7 +134,7 @@ def parse_rounds(raw: bytes) -> dict[str, Any]:
         if not isinstance(index, int) or isinstance(index, bool) or index < 0:
             raise ValueError(f"restart history has a round without its number: {entry!r:.80}")
         try:
-            failure = parse(json.dumps({k: v for k, v in entry.items() if k != "round"}).encode())
+            failure = _checked({k: v for k, v in entry.items() if k != "round"})
         except ValueError:
             failure = {}
         checked.append({**failure, "round": index})

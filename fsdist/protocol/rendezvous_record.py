@@ -1,6 +1,7 @@
 """The rendezvous record ``DIR/fsdist-rendezvous.json``: its format, parsed and checked.
 
-One JSON object, read and written only under an fcntl lock (job/ does the locking)::
+One JSON object sealed with its checksum line (protocol/sealed.py), read and written only under
+an fcntl lock (job/ does the locking)::
 
     {"format": 1, "generation": "<16 hex>", "world_size": N, "complete": bool,
      "members": {"<rank>": {"host": str, "pid": int, "start_time": int, "machine": str,
@@ -26,12 +27,14 @@ import re
 from typing import Any
 
 from ..errors import ProtocolError, RendezvousError
+from .sealed import seal_json, unseal_json
 
 __all__ = [
     "FORMAT",
     "MAX_WAITING",
     "CorruptRecordError",
     "conflict_message",
+    "encode",
     "mark_refused",
     "parse",
     "retire_own_stale_entries",
@@ -60,15 +63,22 @@ def parse(raw: bytes) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        state = json.loads(raw)
+        state = json.loads(unseal_json(raw))
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
-        raise CorruptRecordError(f"the rendezvous file is not valid JSON (foreign or corrupt): {exc}") from exc
+        raise CorruptRecordError(
+            f"the rendezvous file is not a sealed JSON record (foreign or corrupt): {exc}"
+        ) from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CorruptRecordError(f"the rendezvous file has an unknown format: {str(state)[:200]}")
     problem = _problem(state)
     if problem:
         raise CorruptRecordError(f"the rendezvous file is corrupt ({problem}): {str(state)[:200]}")
     return state
+
+
+def encode(state: dict[str, Any]) -> bytes:
+    """The record's bytes for ``state`` (what every writer of the rendezvous file writes)."""
+    return seal_json(state)
 
 
 def _problem(state: dict[str, Any]) -> str | None:
@@ -123,7 +133,7 @@ def mark_refused(old: bytes, nonce: str, reason: str) -> bytes | None:
     if not mine:
         return None
     mine[0].update(left=True, refused=reason)
-    return json.dumps(state).encode()
+    return encode(state)
 
 
 def conflict_message(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
