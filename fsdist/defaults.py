@@ -118,6 +118,14 @@ ALLREDUCE_SLICED_MIN_BYTES = 256 * 1024
 #: the same calls; from 5 on doubling costs fewer, and its rounds wait for one peer each.)
 DOUBLING_MIN_RANKS = 4
 DOUBLING_MAX_BYTES = 1024
+#: ... but all_reduces of such messages in groups of ROOTED_MIN_RANKS up to
+#: ALLREDUCE_DOUBLING_MIN_RANKS − 1 ranks go through rank 0 (collectives/rooted.py): 3N − 2
+#: record accesses in all instead of doubling's 4 per rank per round, each a message to encode,
+#: read and check. 4 ranks on 2 cores, 8 bytes: p50 412–554 µs, doubling 610–700, Gloo 448–509
+#: (same hour). A barrier carries no message, and doubling is quicker for it there (239 µs,
+#: rooted 270); from 8 ranks on, doubling's log2 N rounds beat rank 0's N − 1 reads in a row.
+ROOTED_MIN_RANKS = 4
+ALLREDUCE_DOUBLING_MIN_RANKS = 8
 
 #: torch intra-op threads of fsdist's own tensor work: a group's worker thread, and a caller's
 #: thread while it runs an operation itself (c10d/intraop.py: set per thread through OpenMP, so

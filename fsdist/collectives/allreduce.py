@@ -1,5 +1,6 @@
 """all_reduce: one round where every rank reduces every input, or reduce-scatter + all-gather
-(and, for small messages in groups of DOUBLING_MIN_RANKS or more, recursive doubling: doubling.py).
+(and, for small messages in groups of ROOTED_MIN_RANKS or more, through rank 0: rooted.py, or
+from ALLREDUCE_DOUBLING_MIN_RANKS on, recursive doubling: doubling.py).
 
 One round (2 ranks, or messages < ALLREDUCE_SLICED_MIN_BYTES): every rank publishes its input
 and reduces all N inputs in rank order, in place in its own tensor where the order allows.
@@ -14,15 +15,25 @@ Sliced (N ≥ 3, large): step 1, every rank publishes its input but for its own 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-from ..defaults import ALLREDUCE_SLICED_MIN_BYTES, DOUBLING_MAX_BYTES, DOUBLING_MIN_RANKS
+from ..defaults import ALLREDUCE_DOUBLING_MIN_RANKS, ALLREDUCE_SLICED_MIN_BYTES, DOUBLING_MAX_BYTES, ROOTED_MIN_RANKS
 from ..transport.interfaces import CollectiveChannel
 from ._common import read_part, reduce_into_own
 from .doubling import all_reduce_doubling
 from .reduce_ops import Reduction, finish
+from .rooted import all_reduce_rooted
+
+_SmallForm = Callable[[CollectiveChannel, Sequence[torch.Tensor], Reduction, int], None]
+
+
+def _small_form(size: int, nbytes: int) -> _SmallForm | None:
+    """The form for a small all_reduce of ``nbytes`` in a group of ``size`` ranks, if it has one."""
+    if nbytes > DOUBLING_MAX_BYTES or size < ROOTED_MIN_RANKS:
+        return None
+    return all_reduce_doubling if size >= ALLREDUCE_DOUBLING_MIN_RANKS else all_reduce_rooted
 
 
 def all_reduce(t: CollectiveChannel, tensor: torch.Tensor, reduction: Reduction, first_step: int = 1) -> None:
@@ -30,8 +41,9 @@ def all_reduce(t: CollectiveChannel, tensor: torch.Tensor, reduction: Reduction,
     if t.size == 1:
         finish(reduction, tensor, 1)
         return
-    if t.size >= DOUBLING_MIN_RANKS and tensor.numel() * tensor.element_size() <= DOUBLING_MAX_BYTES:
-        all_reduce_doubling(t, [tensor], reduction, first_step)
+    small = _small_form(t.size, tensor.numel() * tensor.element_size())
+    if small is not None:
+        small(t, [tensor], reduction, first_step)
         return
     if t.size == 2 or tensor.numel() * tensor.element_size() < ALLREDUCE_SLICED_MIN_BYTES:
         t.publish(first_step, [tensor])
@@ -66,11 +78,12 @@ def all_reduce_coalesced(t: CollectiveChannel, tensors: Sequence[torch.Tensor], 
     file, a record write and a round trip each: here every rank publishes them all as parts
     of one message and reduces part by part. Otherwise each tensor is an all_reduce of its
     own, one after another, tensor k from step ``k·(2 + log2 P) + 1`` on (room for the sliced
-    form's 2 steps or doubling's 2 + log2 P).
+    form's 2 steps, the rooted form's 2, or doubling's 2 + log2 P).
     """
     total = sum(x.numel() * x.element_size() for x in tensors)
-    if t.size >= DOUBLING_MIN_RANKS and total <= DOUBLING_MAX_BYTES and len(tensors) > 1:
-        all_reduce_doubling(t, tensors, reduction)
+    small = _small_form(t.size, total)
+    if small is not None and len(tensors) > 1:
+        small(t, tensors, reduction, 1)
         return
     if t.size == 1 or len(tensors) == 1 or not (t.size == 2 or total < ALLREDUCE_SLICED_MIN_BYTES):
         stride = _steps_of_one(t.size)
