@@ -120,12 +120,15 @@ DOUBLING_MIN_RANKS = 4
 DOUBLING_MAX_BYTES = 1024
 #: ... but all_reduces of such messages in groups of ROOTED_MIN_RANKS up to
 #: ALLREDUCE_DOUBLING_MIN_RANKS − 1 ranks go through rank 0 (collectives/rooted.py): 3N − 2
-#: record accesses in all instead of doubling's 4 per rank per round, each a message to encode,
-#: read and check. 4 ranks on 2 cores, 8 bytes: p50 412–554 µs, doubling 610–700, Gloo 448–509
-#: (same hour). A barrier carries no message, and doubling is quicker for it there (239 µs,
-#: rooted 270); from 8 ranks on, doubling's log2 N rounds beat rank 0's N − 1 reads in a row.
+#: record accesses in all instead of doubling's 2N·log2 N, each a message to encode, read and
+#: check, and a constant number of filesystem calls per rank on average. 2 cores, 8 bytes, p50
+#: of the slowest rank (fsdist bench): 4 ranks 412–554 µs vs doubling 610–700 (Gloo 448–509);
+#: 8 ranks 3.40 ms, 9.3 calls per rank vs 4.21 ms, 18.1; 16 ranks 4.38 ms, 9.4 vs 11.42 ms, 30.1.
+#: A barrier carries no message, and doubling is quicker for it (4 ranks: 239 µs, rooted 270).
+#: From 32 ranks on rank 0's N − 1 reads in a row outgrow doubling's log2 N rounds (a judgment:
+#: 32 ranks on this 2-core machine measure nothing).
 ROOTED_MIN_RANKS = 4
-ALLREDUCE_DOUBLING_MIN_RANKS = 8
+ALLREDUCE_DOUBLING_MIN_RANKS = 32
 
 #: torch intra-op threads of fsdist's own tensor work: a group's worker thread, and a caller's
 #: thread while it runs an operation itself (c10d/intraop.py: set per thread through OpenMP, so

@@ -19,7 +19,9 @@ import torch
 
 from fsdist import collectives as coll
 from fsdist.collectives import hierarchical as hier
+from fsdist.collectives.doubling import all_reduce_doubling
 from fsdist.collectives.reduce_ops import ReduceKind, Reduction
+from fsdist.collectives.rooted import all_reduce_rooted
 from fsdist.errors import DesyncError
 from fsdist.job.nodes import Nodes
 from fsdist.transport.memory import MemoryChannel, MemoryWorld
@@ -209,10 +211,41 @@ def test_every_rank_gets_the_same_bits_and_nobody_leaves_a_barrier_early(world: 
         assert bits == results[0], f"rank {rank} got other bits than rank 0"
 
 
+@pytest.mark.parametrize("world", [*WORLDS, 11, 16])
+@pytest.mark.parametrize("form", ["doubling", "rooted"])
+def test_both_small_all_reduce_forms_at_every_size(world: int, form: str) -> None:
+    """The dispatch picks one small form by group size (rooted below ALLREDUCE_DOUBLING_MIN_RANKS,
+    32): each is tested here at every size, powers of two and not (doubling folds the extra
+    ranks in), against the reference, coalesced too, and with the same bits on every rank."""
+    run_form = all_reduce_doubling if form == "doubling" else all_reduce_rooted
+
+    def body(ch: MemoryChannel) -> list[bytes]:
+        bits = []
+        cases = [
+            ("SUM", torch.float32, [(7,)]),
+            ("MAX", torch.int64, [()]),
+            ("PRODUCT", torch.float64, [(3,), (0,), (2, 2)]),
+        ]
+        for seq, (op, dtype, shapes) in enumerate(cases, start=1):
+            many = [_inputs(world, k, shape, dtype, op) for k, shape in enumerate(shapes)]
+            ch.enter(seq, f"{form} {op} {shapes}")
+            tensors = [inputs[ch.rank].clone() for inputs in many]
+            run_form(ch, tensors, _reduction(op), 1)
+            for tensor, inputs in zip(tensors, many, strict=True):
+                problem = mismatch(tensor, reduce_reference(inputs, op))
+                assert problem is None, f"{form} {op} {shapes} at world {world}, rank {ch.rank}: {problem}"
+                bits.append(tensor.numpy().tobytes())
+        return bits
+
+    results = MemoryWorld(world).run(body)
+    assert all(bits == results[0] for bits in results), "ranks ended with different bits"
+
+
 # ---- two tiers (collectives/hierarchical.py) over one MemoryWorld per node and one for the leaders
 
 #: ranks per node: even, odd, a one-rank node, all one-rank nodes (no node tiers), one node (no
-#: leaders' tier), and 4 or 5 leaders (their tier by doubling for small all_reduces and barriers)
+#: leaders' tier), and 4 or 5 leaders (their tier by doubling for barriers, through rank 0 for
+#: small all_reduces)
 LAYOUTS = [(2, 2), (3, 1), (1, 3), (2, 3, 1, 2, 1), (1, 1, 1), (4,), (2, 2, 2, 2)]
 
 
