@@ -211,12 +211,25 @@ def test_every_rank_gets_the_same_bits_and_nobody_leaves_a_barrier_early(world: 
         assert bits == results[0], f"rank {rank} got other bits than rank 0"
 
 
+def test_a_small_all_reduce_goes_through_rank_0_only_where_every_wait_is_rung() -> None:
+    """The choice every rank makes alike: the group size, the bytes, and whether all ranks share
+    one client (from the rendezvous record); polled waits (other NFS clients) keep doubling."""
+    from fsdist.collectives.allreduce import small_form
+
+    assert small_form(4, 8, one_client=True) is all_reduce_rooted
+    assert small_form(31, 1024, one_client=True) is all_reduce_rooted
+    assert small_form(4, 8, one_client=False) is all_reduce_doubling
+    assert small_form(32, 8, one_client=True) is all_reduce_doubling
+    assert small_form(3, 8, one_client=True) is None  # one round: every rank reads 2 records
+    assert small_form(4, 1025, one_client=True) is None  # not small
+
+
 @pytest.mark.parametrize("world", [*WORLDS, 11, 16])
 @pytest.mark.parametrize("form", ["doubling", "rooted"])
 def test_both_small_all_reduce_forms_at_every_size(world: int, form: str) -> None:
-    """The dispatch picks one small form by group size (rooted below ALLREDUCE_DOUBLING_MIN_RANKS,
-    32): each is tested here at every size, powers of two and not (doubling folds the extra
-    ranks in), against the reference, coalesced too, and with the same bits on every rank."""
+    """The dispatch picks one small form by group size and clients (rooted below 32 ranks, on
+    one client): each is tested here at every size, powers of two and not (doubling folds the
+    extra ranks in), against the reference, coalesced too, and with the same bits on every rank."""
     run_form = all_reduce_doubling if form == "doubling" else all_reduce_rooted
 
     def body(ch: MemoryChannel) -> list[bytes]:

@@ -84,7 +84,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         watch = PeerWatch(
             [generation.members[g] for g in global_ranks], [generation.heartbeat_path(g) for g in global_ranks]
         )
-        self._t = GroupTransport(directory, rank, size, watch, timeout.total_seconds())
+        one_client = len({generation.members[g].client for g in global_ranks}) == 1
+        self._t = GroupTransport(directory, rank, size, watch, timeout.total_seconds(), one_client=one_client)
         #: the node and leaders' tiers, where collectives run in two (None: every one flat)
         self._tiers = two_tiers(store, generation, global_ranks, rank, directory, timeout.total_seconds())
         if not owns_generation and rank == 0:  # `fsdist status` maps the group's ranks to the job's

@@ -1,12 +1,15 @@
-"""Small all_reduces in groups of 4 to 31 ranks: everyone to rank 0, then rank 0 to everyone.
+"""Small all_reduces in groups of 4 to 31 ranks on one client: everyone to rank 0, then back.
 
-In a group of ROOTED_MIN_RANKS up to ALLREDUCE_DOUBLING_MIN_RANKS − 1 ranks, what a small
+In a group of ROOTED_MIN_RANKS up to ALLREDUCE_DOUBLING_MIN_RANKS − 1 ranks that reach the
+directory through one client (one kernel, one mount: every wait is rung), what a small
 operation costs is CPU time, wake-ups and filesystem calls, not bytes. Here a rank other than 0
 writes its record once (its input, read by rank 0 only) and reads rank 0's once (the result):
 2 record accesses and one sleep; rank 0 reads N − 1 records and writes one. That is 3N − 2
 accesses in all, where recursive doubling makes 4 per rank per round (16 at 4 ranks, 10 here;
 48 at 8, 22 here) and puts every rank to sleep once per round. Its critical path is longer (rank
 0 reads its peers one after another), which is why large groups use doubling (doubling.py).
+Where ranks poll each other (clients on other hosts) the others poll rank 0 all through its
+gathering, and doubling's one-partner rounds cost fewer RPCs: such groups use doubling too.
 Barriers keep doubling from DOUBLING_MIN_RANKS: with no message to handle, its rounds were
 quicker there (4 ranks on 2 cores: 239 µs, through rank 0 270).
 

@@ -38,6 +38,8 @@ class Identity:
     machine: str = ""
     #: the node it counts as for placement (``node_id``): ranks of one node share memory
     node: str = ""
+    #: the client it reaches the run directory through (fs/mounts.py ``client_key``; "" unknown)
+    client: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -50,6 +52,7 @@ class Identity:
             start_time=int(data["start_time"]),
             machine=str(data.get("machine", "")),
             node=str(data.get("node", "")),
+            client=str(data.get("client", "")),
         )
 
     @property

@@ -148,7 +148,7 @@ def fit(description: str) -> str:
 
 
 def encode(seq: int, step: int, description: str, history: int, flags: int = 0) -> bytes:
-    """The record's first HEADER_SIZE bytes (the counters after them are written one by one)."""
+    """The record's first HEADER_SIZE bytes (the slots and pair areas after them are written apart)."""
     text = fit(description).encode()
     header = _HEADER.pack(_MAGIC, VERSION, flags, seq, step, len(text), history)
     body = header.ljust(_DESCRIPTION_OFFSET, b"\0") + text.ljust(DESCRIPTION_MAX, b"\0")

@@ -38,11 +38,13 @@ class GroupTransport:
 
     def __init__(
         self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float,
-        names: Sequence[int] | None = None, tier: str = "",
+        names: Sequence[int] | None = None, tier: str = "", one_client: bool = False,
     ) -> None:  # fmt: skip
-        """``names`` and ``tier``: for one tier of a two-tier group (Progress)."""
+        """``names`` and ``tier``: for one tier of a two-tier group (Progress). ``one_client``:
+        every rank reaches ``directory`` through one client (see CollectiveChannel)."""
         make_private_dir(directory)
         self.directory = directory
+        self.one_client = one_client
         self.rank = rank
         self.size = size
         self.timeout = timeout

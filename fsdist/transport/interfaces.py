@@ -61,6 +61,12 @@ class CollectiveChannel(Protocol):
     def maps_messages(self) -> bool:
         """Whether ``Incoming.mapped`` avoids a copy here (worth it for large parts)."""
 
+    @property
+    def one_client(self) -> bool:
+        """Whether every rank of the group reaches its directory through one client (one kernel,
+        one mount), so a rank's step can ring every waiter and no wait polls. The same answer on
+        every rank (it comes from the rendezvous record), so algorithms may choose by it."""
+
     def publish(
         self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0, readers: Sequence[int] | None = None
     ) -> None:

@@ -118,6 +118,7 @@ class MemoryChannel:
     """One rank's CollectiveChannel over a MemoryWorld."""
 
     maps_messages = False
+    one_client = True  # one process: every wait is woken
 
     def __init__(self, world: MemoryWorld, rank: int) -> None:
         self._world = world

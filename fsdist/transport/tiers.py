@@ -47,9 +47,10 @@ class NodeTiers:
         self.local: GroupTransport | None = None
         self.cross: GroupTransport | None = None
         if len(here) > 1:
-            self.local = GroupTransport(
-                node_directory, here.index(rank), len(here), watch_of(here), timeout, here, f"node {node}'s tier"
-            )
+            self.local = GroupTransport(  # node-local: one client, by construction
+                node_directory, here.index(rank), len(here), watch_of(here), timeout, here, f"node {node}'s tier",
+                one_client=True,
+            )  # fmt: skip
         if len(leaders) > 1 and rank == leaders[node]:
             self.cross = GroupTransport(
                 leaders_directory, node, len(leaders), watch_of(leaders), timeout, leaders, "leaders' tier"
