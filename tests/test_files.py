@@ -304,6 +304,12 @@ def test_a_waiter_spins_only_while_the_run_queue_leaves_a_core_free(tmp_path) ->
     loadavg.write_text("garbage")
     assert RunQueue(str(loadavg), cores=2).core_free() is True  # unknown: decided by rank count alone
     assert RunQueue(str(tmp_path / "missing"), cores=2).core_free() is True
+    # an answer serves for max_age seconds, then the file is read again
+    loadavg.write_text("0.50 0.40 0.30 1/311 999\n")
+    kept, fresh = RunQueue(str(loadavg), cores=2, max_age=3600), RunQueue(str(loadavg), cores=2, max_age=0)
+    assert kept.core_free() is True and fresh.core_free() is True
+    loadavg.write_text("2.90 2.50 1.30 3/103 6883\n")
+    assert kept.core_free() is True and fresh.core_free() is False
 
 
 def _hold_lock(path: str, ready, release) -> None:

@@ -56,13 +56,19 @@ def describe(
     return text
 
 
+#: the Reduction of each op without a factor (one object each, made once)
+_PLAIN = {op: Reduction(kind) for op, kind in _KINDS.items() if kind is not ReduceKind.PREMUL_SUM}
+
+
 def reduction_of(reduce_op: Any, tensors: Sequence[torch.Tensor]) -> Reduction:
     """The Reduction of a c10d ReduceOp, checked against every tensor's dtype."""
-    kind = _KINDS[reduce_op.op]
-    factor = reduce_op.factor if kind is ReduceKind.PREMUL_SUM else None
-    if isinstance(factor, torch.Tensor):
-        factor = factor.detach().to("cpu")
-    reduction = Reduction(kind, factor)
+    reduction = _PLAIN.get(reduce_op.op)
+    if reduction is None:
+        kind = _KINDS[reduce_op.op]
+        factor = reduce_op.factor
+        if isinstance(factor, torch.Tensor):
+            factor = factor.detach().to("cpu")
+        reduction = Reduction(kind, factor)
     for tensor in tensors:
         check_supported(reduction, tensor.dtype)
     return reduction

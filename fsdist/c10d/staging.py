@@ -18,7 +18,7 @@ def check_stageable(tensor: torch.Tensor) -> None:
         raise NotImplementedError(
             f"fsdist moves dense (strided) tensors only, not {tensor.layout}: convert with .to_dense() first"
         )
-    if tensor.device.type == "meta":
+    if tensor.is_meta:
         raise ValueError("fsdist cannot communicate a tensor on the 'meta' device: it holds no data")
 
 
@@ -61,7 +61,7 @@ class Staging:
 
 
 def _ready(tensor: torch.Tensor) -> bool:
-    return tensor.device.type == "cpu" and tensor.is_contiguous() and not tensor.is_conj()
+    return tensor.is_cpu and tensor.is_contiguous() and not tensor.is_conj()
 
 
 def _host_buffer(tensor: torch.Tensor) -> torch.Tensor:

@@ -62,12 +62,20 @@ class Part:
     offset: int
 
 
+#: dtypes numpy can view directly: their bytes come without torch's reshape and re-view (~1.4 µs
+#: of a small operation's ~100)
+_NUMPY_DTYPES = frozenset(
+    dtype for dtype in _DTYPES if dtype not in (torch.bfloat16, torch.complex32) and "float8" not in str(dtype)
+)
+
+
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     """The raw bytes of a contiguous CPU tensor, without a copy."""
-    flat = tensor.reshape(-1)
-    if flat.numel() == 0:
+    if tensor.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
+    if tensor.dtype in _NUMPY_DTYPES:
+        return memoryview(tensor.numpy()).cast("B")  # type: ignore[arg-type]
+    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 def encode(
