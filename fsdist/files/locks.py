@@ -190,6 +190,15 @@ class LockedRecord:
             finally:
                 self._lock(UNLOCK)
 
+    def read_unlocked(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``offset`` with no lock: possibly torn by a concurrent write.
+
+        Only for formats whose checksums find a torn read, read again under the lock then
+        (transport/progress.py), on local filesystems, where every process shares one page
+        cache. It saves the lock and unlock (~3 µs with Python's share, of a ~75 µs operation).
+        """
+        return retrying(lambda: os.pread(self._fd, size, offset))
+
     def try_read(self, offset: int = 0, size: int | None = None) -> bytes | None:
         """Like ``read``, or None at once if a writer holds the lock: for a watcher that must not
         wait on the process it watches."""

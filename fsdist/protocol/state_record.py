@@ -1,6 +1,8 @@
 """A rank's state record ``state.r<rank>``: where the rank is, and its point-to-point counters.
 
-Written only by its rank, read by its peers, always under the file's fcntl lock (files/locks.py)::
+Written only by its rank, always under the file's fcntl lock (files/locks.py); read by its peers
+under the lock, or on local filesystems first without it (a torn read fails a CRC below, or finds
+an older slot beside a newer header, and is read again under the lock: transport/progress.py)::
 
     offset  size  field
     0       4     magic b"FSST"

@@ -23,6 +23,7 @@ from ..errors import PeerFailedError
 from ..files.io import make_private_dir, remove_tree
 from ..files.locks import Counter
 from ..files.waiting import Deadline
+from ..fs.mounts import is_local
 from ..job.liveness import PeerWatch
 from ..protocol import layout, message, state_record
 from ..protocol.state_record import PeerState
@@ -48,7 +49,9 @@ class GroupTransport:
         self.rank = rank
         self.size = size
         self.timeout = timeout
-        self.progress = Progress(directory, rank, size, watch, timeout, names, tier)
+        self.progress = Progress(
+            directory, rank, size, watch, timeout, names, tier, optimistic=one_client and is_local(directory)
+        )
         self._entered = 0
         self.retention = Retention(self.progress)
         self.pairs = Pairs(self.progress, self.retention)

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from ..defaults import LONG_SLEEP_SECONDS, RING_SPIN_SECONDS
-from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
+from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError, ProtocolError
 from ..files.doorbell import RUN_QUEUE, Doorbell
 from ..files.locks import LockedRecord
 from ..files.waiting import Deadline, poll
@@ -39,11 +39,14 @@ class Progress:
 
     def __init__(
         self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float,
-        names: Sequence[int] | None = None, tier: str = "",
+        names: Sequence[int] | None = None, tier: str = "", optimistic: bool = False,
     ) -> None:  # fmt: skip
         """``names``: each rank's number in the process group, where this is one tier of it
-        (errors name group ranks); ``tier``: which tier, for the same errors."""
+        (errors name group ranks); ``tier``: which tier, for the same errors. ``optimistic``:
+        read peers' records without their lock first (``peer_state``): only where every rank
+        shares one page cache (a local filesystem on one machine)."""
         self.directory = directory
+        self.optimistic = optimistic
         self.rank = rank
         self.size = size
         self.names = list(names) if names is not None else list(range(size))
@@ -137,9 +140,14 @@ class Progress:
 
         Usually in the record as read by the wait that saw the step; read once more otherwise.
         """
-        found = state_record.find_inline(self._seen[peer], self.seq, step)
+        try:
+            found = state_record.find_inline(self._seen[peer], self.seq, step)
+        except ProtocolError:
+            if not self.optimistic:
+                raise
+            found = None  # a slot torn by a write while read without the lock: read it locked
         if found is None:
-            self.peer_state(peer)
+            self.peer_state(peer, locked=True)
             found = state_record.find_inline(self._seen[peer], self.seq, step)
         return found
 
@@ -173,11 +181,25 @@ class Progress:
 
     # ---- peers --------------------------------------------------------------------------
 
-    def peer_state(self, peer: int) -> PeerState:
-        """``peer``'s record, compared with this rank's history (DesyncError on a divergence)."""
-        raw = self._records[peer].read(0, state_record.POSITION_SIZE)
+    def peer_state(self, peer: int, locked: bool = False) -> PeerState:
+        """``peer``'s record, compared with this rank's history (DesyncError on a divergence).
+
+        Optimistic groups read it without the lock first: a read torn by the peer's write fails
+        the header's checksum (or a slot's, or finds an older slot beside a newer header: see
+        ``inline_message``) and is read again under the lock, which a writer always takes.
+        """
+        record = self._records[peer]
+        theirs = None
+        if self.optimistic and not locked:
+            raw = record.read_unlocked(0, state_record.POSITION_SIZE)
+            try:
+                theirs = state_record.decode(raw, self.state_path(peer))
+            except ProtocolError:
+                theirs = None
+        if theirs is None:
+            raw = record.read(0, state_record.POSITION_SIZE)
+            theirs = state_record.decode(raw, self.state_path(peer))
         self._seen[peer] = raw
-        theirs = state_record.decode(raw, self.state_path(peer))
         if theirs is state_record.NOT_STARTED:
             return theirs
         if theirs.aborted:

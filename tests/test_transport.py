@@ -1,0 +1,127 @@
+"""The transport's record reads in one process: optimistic (lock-free) reads and their fallback.
+
+On local filesystems a rank reads its peers' state records without the lock first. A read torn
+by the peer's concurrent write must never be acted on: the checksums find it, or a newer header
+points at a step whose slot still holds an older message, and the record is read again under
+the lock. These tests hand the reader torn bytes and check it recovers the written values.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fsdist.errors import ProtocolError
+from fsdist.files.locks import LockedRecord
+from fsdist.protocol import message, state_record
+from fsdist.transport.progress import Progress
+
+
+class _AliveWatch:
+    def dead_reason(self, rank: int) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def _pair(tmp_path, optimistic: bool = True) -> tuple[Progress, Progress]:
+    make = lambda rank: Progress(str(tmp_path), rank, 2, _AliveWatch(), 5.0, optimistic=optimistic)  # noqa: E731
+    return make(0), make(1)
+
+
+def _publish(progress: Progress, seq: int, step: int, value: float) -> bytes:
+    """Rank ``progress`` enters ``seq`` and publishes ``value`` inline at ``step``; the message."""
+    progress.enter(seq, "all_reduce SUM float32[1]")
+    encoded = b"".join(
+        message.encode(seq, 0, progress.description, [torch.tensor([value])], message.INLINE_ALIGN)
+    )
+    progress.advance_inline(step, seq % state_record.INLINE_SLOTS, encoded)
+    return encoded
+
+
+def _record(tmp_path, rank: int) -> bytes:
+    return open(tmp_path / f"state.r{rank}", "rb").read()[: state_record.POSITION_SIZE]
+
+
+@pytest.fixture
+def torn_reads(monkeypatch):
+    """Make the next unlocked reads return the given bytes (then the file's own again)."""
+    queued: list[bytes] = []
+    real = LockedRecord.read_unlocked
+    calls = []
+
+    def read_unlocked(self, offset: int, size: int) -> bytes:
+        calls.append(self.path)
+        return queued.pop(0) if queued else real(self, offset, size)
+
+    monkeypatch.setattr(LockedRecord, "read_unlocked", read_unlocked)
+    return queued, calls
+
+
+def test_a_record_read_without_the_lock_is_used_when_it_is_whole(tmp_path, torn_reads) -> None:
+    _, calls = torn_reads
+    reader, writer = _pair(tmp_path)
+    sent = _publish(writer, 1, 1, 3.0)
+    reader.enter(1, writer.description)
+    assert reader.peer_state(1).position == (1, 1)
+    assert reader.inline_message(1, 1) == sent
+    assert len(calls) == 1  # one read, no lock, found both the step and its message
+
+
+def test_a_header_torn_by_a_write_is_read_again_under_the_lock(tmp_path, torn_reads) -> None:
+    queued, _ = torn_reads
+    reader, writer = _pair(tmp_path)
+    _publish(writer, 1, 1, 3.0)
+    whole = bytearray(_record(tmp_path, 1))
+    whole[40] ^= 0xFF  # half of a write inside the description: the header's CRC fails
+    queued.extend([bytes(whole)] * 2)
+    reader.enter(1, writer.description)
+    state = reader.peer_state(1)
+    assert state.position == (1, 1) and state.description == writer.description
+
+
+def test_a_newer_header_beside_an_older_slot_finds_the_message_under_the_lock(tmp_path, torn_reads) -> None:
+    queued, _ = torn_reads
+    reader, writer = _pair(tmp_path)
+    _publish(writer, 1, 1, 3.0)
+    before = _record(tmp_path, 1)
+    sent = _publish(writer, 2, 1, 5.0)  # step 1 of operation 2, in the next slot
+    after = _record(tmp_path, 1)
+    queued.extend([after[: state_record.HEADER_SIZE] + before[state_record.HEADER_SIZE :]] * 2)  # (never again)
+    reader.enter(1, writer._history[1][1])
+    reader.enter(2, writer.description)
+    assert reader.peer_state(1).position == (2, 1)
+    assert reader.inline_message(1, 1) == sent
+
+
+def test_a_slot_torn_by_a_write_is_read_again_under_the_lock(tmp_path, torn_reads) -> None:
+    queued, _ = torn_reads
+    reader, writer = _pair(tmp_path)
+    sent = _publish(writer, 1, 1, 3.0)
+    torn = bytearray(_record(tmp_path, 1))
+    torn[state_record.slot_offset(1) + 40] ^= 0xFF  # inside the message of slot 1 (seq 1)
+    queued.extend([bytes(torn)] * 2)  # read again without the lock, it would be torn again
+    reader.enter(1, writer.description)
+    reader.peer_state(1)
+    assert reader.inline_message(1, 1) == sent
+
+
+def test_a_record_damaged_on_disk_is_still_refused(tmp_path) -> None:
+    reader, writer = _pair(tmp_path)
+    _publish(writer, 1, 1, 3.0)
+    with open(tmp_path / "state.r1", "r+b") as record:
+        record.seek(40)
+        record.write(b"\xff")
+    reader.enter(1, writer.description)
+    with pytest.raises(ProtocolError, match="checksum"):
+        reader.peer_state(1)
+
+
+def test_groups_that_are_not_optimistic_read_under_the_lock_only(tmp_path, torn_reads) -> None:
+    _, calls = torn_reads
+    reader, writer = _pair(tmp_path, optimistic=False)
+    sent = _publish(writer, 1, 1, 3.0)
+    reader.enter(1, writer.description)
+    assert reader.inline_message(1, 1) == sent and reader.peer_state(1).position == (1, 1)
+    assert calls == []
