@@ -33,9 +33,7 @@ def _pair(tmp_path, optimistic: bool = True) -> tuple[Progress, Progress]:
 def _publish(progress: Progress, seq: int, step: int, value: float) -> bytes:
     """Rank ``progress`` enters ``seq`` and publishes ``value`` inline at ``step``; the message."""
     progress.enter(seq, "all_reduce SUM float32[1]")
-    encoded = b"".join(
-        message.encode(seq, 0, progress.description, [torch.tensor([value])], message.INLINE_ALIGN)
-    )
+    encoded = b"".join(message.encode(seq, 0, progress.description, [torch.tensor([value])], message.INLINE_ALIGN))
     progress.advance_inline(step, seq % state_record.INLINE_SLOTS, encoded)
     return encoded
 

@@ -22,7 +22,7 @@ import os
 import struct
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -52,9 +52,8 @@ DTYPE_CODE = {dtype: code for code, dtype in enumerate(_DTYPES, start=1)}
 CODE_DTYPE = {code: dtype for dtype, code in DTYPE_CODE.items()}
 
 
-@dataclass(frozen=True)
-class Part:
-    """Where one tensor lies in a message file, and what it is."""
+class Part(NamedTuple):
+    """Where one tensor lies in a message file, and what it is (a tuple: made for every part read)."""
 
     dtype: torch.dtype
     shape: tuple[int, ...]
@@ -78,6 +77,42 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
+def _layout(
+    seq: int, tag: int, description: str, tensors: Sequence[torch.Tensor], align: int
+) -> tuple[bytes, list[int], int]:
+    """(header with its padding, each part's byte count, the whole message's size)."""
+    desc = description.encode()[:65535]
+    ndims = [tensor.dim() for tensor in tensors]
+    header_len = _FIXED.size + len(desc) + _PART.size * len(tensors) + _DIM.size * sum(ndims) + _CRC.size
+    start = offset = _align(header_len, align)
+    pieces = [_FIXED.pack(MAGIC, VERSION, len(tensors), seq, tag, header_len, len(desc), 0), desc]
+    sizes = []
+    for tensor, ndim in zip(tensors, ndims, strict=True):
+        code = DTYPE_CODE.get(tensor.dtype)
+        if code is None:
+            raise TypeError(f"fsdist cannot send tensors of dtype {tensor.dtype}")
+        nbytes = tensor.numel() * tensor.element_size()
+        pieces.append(_PART.pack(code, ndim, nbytes, offset))
+        for size in tensor.shape:
+            pieces.append(_DIM.pack(size))
+        sizes.append(nbytes)
+        offset = _align(offset + nbytes, align)
+    header = b"".join(pieces)
+    return header + _CRC.pack(zlib.crc32(header)) + bytes(start - header_len), sizes, offset
+
+
+def _with_payload(
+    header: bytes, sizes: list[int], tensors: Sequence[torch.Tensor], align: int
+) -> list[memoryview | bytes]:
+    buffers: list[memoryview | bytes] = [header]
+    for tensor, nbytes in zip(tensors, sizes, strict=True):
+        buffers.append(tensor_bytes(tensor))
+        padding = _align(nbytes, align) - nbytes
+        if padding:
+            buffers.append(bytes(padding))
+    return buffers
+
+
 def encode(
     seq: int, tag: int, description: str, tensors: Sequence[torch.Tensor], align: int = ALIGN
 ) -> list[memoryview | bytes]:
@@ -86,28 +121,17 @@ def encode(
     Files align parts to 64 bytes (mapped reads, vector loads); an inline message in a state
     record aligns them to ``INLINE_ALIGN`` to fit more into its slot. Readers only follow offsets.
     """
-    desc = description.encode()[:65535]
-    parts_size = sum(_PART.size + _DIM.size * t.dim() for t in tensors)
-    header_len = _FIXED.size + len(desc) + parts_size + _CRC.size
-    offset = _align(header_len, align)
-    pieces = [_FIXED.pack(MAGIC, VERSION, len(tensors), seq, tag, header_len, len(desc), 0), desc]
-    payload: list[memoryview | bytes] = []
-    for tensor in tensors:
-        code = DTYPE_CODE.get(tensor.dtype)
-        if code is None:
-            raise TypeError(f"fsdist cannot send tensors of dtype {tensor.dtype}")
-        nbytes = tensor.numel() * tensor.element_size()
-        pieces.append(_PART.pack(code, tensor.dim(), nbytes, offset))
-        pieces.extend(_DIM.pack(size) for size in tensor.shape)
-        payload.append(tensor_bytes(tensor))
-        padding = _align(offset + nbytes, align) - (offset + nbytes)
-        if padding:
-            payload.append(bytes(padding))
-        offset += nbytes + padding
-    header = b"".join(pieces)
-    header += _CRC.pack(zlib.crc32(header))
-    header += bytes(_align(header_len, align) - header_len)
-    return [header, *payload]
+    header, sizes, _ = _layout(seq, tag, description, tensors, align)
+    return _with_payload(header, sizes, tensors, align)
+
+
+def encode_inline(seq: int, tag: int, description: str, tensors: Sequence[torch.Tensor], limit: int) -> bytes | None:
+    """The message as one ``bytes`` (parts aligned to INLINE_ALIGN), or None if it would take
+    more than ``limit`` bytes: the size check and the encoding of a small message in one pass."""
+    header, sizes, size = _layout(seq, tag, description, tensors, INLINE_ALIGN)
+    if size > limit:
+        return None
+    return b"".join(_with_payload(header, sizes, tensors, INLINE_ALIGN))
 
 
 def encoded_size(description: str, tensors: Sequence[torch.Tensor], align: int = ALIGN) -> int:
@@ -119,7 +143,7 @@ def encoded_size(description: str, tensors: Sequence[torch.Tensor], align: int =
     return size + sum(_align(t.numel() * t.element_size(), align) for t in tensors)
 
 
-def parse_header(head: bytes, where: str) -> tuple[int, int, str, list[Part], int]:
+def parse_header(head: bytes, where: str) -> tuple[int, int, str, tuple[Part, ...], int]:
     """(seq, tag, description, parts, header length) of a message starting ``head``, checked.
 
     ``head`` must hold the whole header: a ProtocolError says how long it is when it does not.
@@ -136,8 +160,26 @@ def parse_header(head: bytes, where: str) -> tuple[int, int, str, list[Part], in
     if header_len > len(head):
         raise _ShortHeaderError(header_len)
     (crc,) = _CRC.unpack_from(head, header_len - _CRC.size)
-    if zlib.crc32(head[: header_len - _CRC.size]) != crc:
+    if zlib.crc32(memoryview(head)[: header_len - _CRC.size]) != crc:
         raise ProtocolError(f"{where}: header checksum mismatch (corrupt or foreign file)")
+    key = (nparts, desc_len, bytes(memoryview(head)[_FIXED.size : header_len - _CRC.size]))
+    known = _PARSED.get(key)
+    if known is None:
+        known = _parse_body(head, nparts, desc_len, header_len, where)
+        if len(_PARSED) >= _PARSED_MAX:
+            _PARSED.clear()
+        _PARSED[key] = known
+    return seq, tag, known[0], known[1], header_len
+
+
+#: headers parsed before, by everything in them past the fixed part (description and parts):
+#: a training loop sends the same few shapes over and over, and parsing one is ~1.5 µs
+_PARSED: dict[tuple[int, int, bytes], tuple[str, tuple[Part, ...]]] = {}
+_PARSED_MAX = 256
+
+
+def _parse_body(head: bytes, nparts: int, desc_len: int, header_len: int, where: str) -> tuple[str, tuple[Part, ...]]:
+    """The description and parts of a header whose fixed part and checksum were checked."""
     pos = _FIXED.size
     description = head[pos : pos + desc_len].decode(errors="replace")
     pos += desc_len
@@ -160,7 +202,7 @@ def parse_header(head: bytes, where: str) -> tuple[int, int, str, list[Part], in
                 f"{where}: part {index} ({dtype} {list(shape)}, {nbytes} bytes at {offset}) is inconsistent"
             )
         parts.append(Part(dtype, shape, nbytes, offset))
-    return seq, tag, description, parts, header_len
+    return description, tuple(parts)  # shared by every message with this header: never changed
 
 
 class _ShortHeaderError(ProtocolError):

@@ -48,6 +48,7 @@ than read as another position, message or count.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import zlib
@@ -143,17 +144,26 @@ def chain(previous: int, description: str) -> int:
     return int.from_bytes(digest.digest(), "little")
 
 
+@functools.lru_cache(maxsize=256)
 def fit(description: str) -> str:
     """``description`` as the record stores it: at most DESCRIPTION_MAX bytes of UTF-8, never a
-    split character, so what a rank compares is exactly what its peers read back."""
+    split character, so what a rank compares is exactly what its peers read back.
+
+    (Cached, like ``_stored``: a loop describes the same few operations on every call.)"""
     return description.encode()[:DESCRIPTION_MAX].decode(errors="ignore")
+
+
+@functools.lru_cache(maxsize=256)
+def _stored(description: str) -> tuple[int, bytes]:
+    """The length of ``description`` as stored, and its zero-padded field."""
+    text = fit(description).encode()
+    return len(text), text.ljust(DESCRIPTION_MAX, b"\0")
 
 
 def encode(seq: int, step: int, description: str, history: int, flags: int = 0) -> bytes:
     """The record's first HEADER_SIZE bytes (the slots and pair areas after them are written apart)."""
-    text = fit(description).encode()
-    header = _HEADER.pack(_MAGIC, VERSION, flags, seq, step, len(text), history)
-    body = header.ljust(_DESCRIPTION_OFFSET, b"\0") + text.ljust(DESCRIPTION_MAX, b"\0")
+    length, field = _stored(description)
+    body = _HEADER.pack(_MAGIC, VERSION, flags, seq, step, length, history).ljust(_DESCRIPTION_OFFSET, b"\0") + field
     return body + _CRC.pack(zlib.crc32(body))
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from ..defaults import GC_EVERY, INLINE
-from ..errors import PeerFailedError
+from ..errors import PeerFailedError, ProtocolError
 from ..files.io import make_private_dir, remove_tree
 from ..files.locks import Counter
 from ..files.waiting import Deadline
@@ -86,10 +86,10 @@ class GroupTransport:
         ``readers`` (interfaces.py) lets its space be reused as soon as they are past it.
         """
         seq, description = self.progress.seq, self.progress.description
-        if INLINE and message.encoded_size(description, tensors, message.INLINE_ALIGN) <= state_record.INLINE_MAX:
-            slot = self.retention.free_slot()
-            if slot is not None:
-                encoded = b"".join(message.encode(seq, tag, description, tensors, message.INLINE_ALIGN))
+        if INLINE:
+            encoded = message.encode_inline(seq, tag, description, tensors, state_record.INLINE_MAX)
+            slot = self.retention.free_slot() if encoded is not None else None
+            if encoded is not None and slot is not None:
                 self.progress.advance_inline(step, slot, encoded, readers)
                 self.retention.keep_inline(seq, step, slot, readers)
                 return
@@ -113,9 +113,10 @@ class GroupTransport:
         msg: message.Message | message.InlineMessage
         try:
             if inline is not None:
-                msg = message.InlineMessage(
-                    inline, f"{progress.state_path(peer)} (operation #{progress.seq} step {step})"
-                )
+                try:
+                    msg = message.InlineMessage(inline, progress.state_path(peer))
+                except ProtocolError as exc:  # (the context is only formatted when it is needed)
+                    raise ProtocolError(f"{exc} (inline message of operation #{progress.seq} step {step})") from None
             else:
                 msg = message.Message(os.path.join(self.directory, layout.message_name(peer, progress.seq, step)))
         except FileNotFoundError:

@@ -26,7 +26,7 @@ __all__ = ["CollectiveChannel", "Incoming", "Nodes", "PointToPointChannel", "Tie
 class Incoming(Protocol):
     """A peer's message, open for reading (a context manager that closes it)."""
 
-    parts: list[Part]
+    parts: Sequence[Part]
     seq: int
     tag: int
     description: str

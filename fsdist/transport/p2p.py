@@ -165,7 +165,7 @@ class Mailbox:
         self._t.acknowledge(source, self._received[source])
 
     def _check_matches(
-        self, source: int, index: int, parts: list[Any], description: str, tensors: Sequence[torch.Tensor]
+        self, source: int, index: int, parts: Sequence[Any], description: str, tensors: Sequence[torch.Tensor]
     ) -> None:
         sent = [(p.dtype, p.nbytes) for p in parts]
         expected = [(t.dtype, t.numel() * t.element_size()) for t in tensors]

@@ -79,11 +79,10 @@ class Pairs:
     def _send_inline(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> bool:
         """Put a small message into its slot, with the counters, in one locked write (if it fits and
         the slot's previous message was consumed)."""
-        if not INLINE or message.encoded_size(description, tensors, message.INLINE_ALIGN) > state_record.INLINE_MAX:
+        encoded = message.encode_inline(index, tag, description, tensors, state_record.INLINE_MAX) if INLINE else None
+        if encoded is None or not self._slot_free(dst, index):
             return False
-        if not self._slot_free(dst, index):
-            return False
-        self._put_in_slot(dst, index, b"".join(message.encode(index, tag, description, tensors, message.INLINE_ALIGN)))
+        self._put_in_slot(dst, index, encoded)
         return True
 
     def _slot_free(self, dst: int, index: int) -> bool:
