@@ -26,7 +26,10 @@ __all__ = ["CollectiveChannel", "Incoming", "Nodes", "PointToPointChannel", "Tie
 class Incoming(Protocol):
     """A peer's message, open for reading (a context manager that closes it)."""
 
-    parts: Sequence[Part]
+    @property
+    def parts(self) -> Sequence[Part]:
+        """What each part is and where it lies (shared between messages: never changed)."""
+
     seq: int
     tag: int
     description: str
