@@ -14,6 +14,7 @@ import torch
 from fsdist.errors import ProtocolError
 from fsdist.files.locks import LockedRecord
 from fsdist.protocol import message, state_record
+from fsdist.transport.group import GroupTransport
 from fsdist.transport.progress import Progress
 
 
@@ -123,3 +124,40 @@ def test_groups_that_are_not_optimistic_read_under_the_lock_only(tmp_path, torn_
     reader.enter(1, writer.description)
     assert reader.inline_message(1, 1) == sent and reader.peer_state(1).position == (1, 1)
     assert calls == []
+
+
+def _transports(tmp_path) -> tuple[GroupTransport, GroupTransport]:
+    return tuple(GroupTransport(str(tmp_path), rank, 2, _AliveWatch(), 5.0, one_client=True) for rank in (0, 1))
+
+
+def _area(tmp_path, sender: int, receiver: int) -> bytes:
+    start = state_record.pair_offset(receiver)
+    return open(tmp_path / f"state.r{sender}", "rb").read()[start : start + state_record.PAIR_AREA]
+
+
+def _received(receiver: GroupTransport, src: int, index: int) -> float:
+    with receiver.pairs.open(src, index) as msg:
+        out = torch.empty(1)
+        msg.read_into(0, out)
+        return out.item()
+
+
+@pytest.mark.parametrize("tear", ["counters", "slot", "older slot"])
+def test_a_point_to_point_area_torn_by_a_send_is_read_again_under_the_lock(tmp_path, torn_reads, tear) -> None:
+    queued, _ = torn_reads
+    receiver, sender = _transports(tmp_path)
+    assert receiver.progress.optimistic
+    sender.send(0, [torch.tensor([1.0])], 0, "send float32[1]")
+    before = _area(tmp_path, 1, 0)
+    sender.send(0, [torch.tensor([2.0])], 0, "send float32[1]")
+    after = bytearray(_area(tmp_path, 1, 0))
+    slot = state_record.PAIR_COUNTERS_SIZE + 1 * state_record.P2P_SLOT_BYTES  # message 1's slot
+    if tear == "counters":
+        after[3] ^= 0xFF
+    elif tear == "slot":
+        after[slot + 40] ^= 0xFF
+    else:  # the counters of the second send beside the slot as the first left it
+        after[slot:] = before[slot:]
+    queued.extend([bytes(after)] * 3)  # read again without the lock, it would be torn again
+    assert receiver.sent_to_me(1) == 2
+    assert _received(receiver, 1, 0) == 1.0 and _received(receiver, 1, 1) == 2.0

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from ..defaults import INLINE, MAX_UNRECEIVED_SENDS, RING_BYTES, RING_MESSAGE_MAX
+from ..errors import ProtocolError
 from ..files.doorbell import Doorbell
 from ..files.io import open_file
 from ..files.waiting import poll
@@ -52,6 +53,7 @@ class Pairs:
         self._area_lock = threading.Lock()
         #: each peer's pair area for this rank, as read by the last ``sent_to_me``
         self._seen: list[bytes] = [b""] * size
+        self._seen_unlocked = [False] * size  # (read without the lock: see ``sent_to_me``)
         self._inline_open: set[tuple[int, int]] = set()
         # receives are matched on their own thread: a bell of their own, so neither waiter
         # swallows the other's wake-up
@@ -131,12 +133,40 @@ class Pairs:
             self._write_counters(dst, index + 1, self._counters_written(dst)[1])
 
     def sent_to_me(self, src: int) -> int:
-        """How many messages ``src`` has sent to this rank (reading its whole pair area for us)."""
-        raw = self._progress.read_peer(src, state_record.pair_offset(self._progress.rank), state_record.PAIR_AREA)
+        """How many messages ``src`` has sent to this rank (reading its whole pair area for us).
+
+        Optimistic groups read it without the lock first (as Progress.peer_state does): counters
+        torn by the sender's write fail their CRC, and ``_find`` reads the area again under the
+        lock when a slot is torn or older than the counters."""
+        if self._progress.optimistic:
+            try:
+                return self._take_area(src, locked=False)
+            except ProtocolError:
+                pass  # torn by the sender's write
+        return self._take_area(src, locked=True)
+
+    def _take_area(self, src: int, locked: bool) -> int:
+        offset = state_record.pair_offset(self._progress.rank)
+        raw = self._progress.read_peer(src, offset, state_record.PAIR_AREA, locked=locked)
         sent, received = state_record.decode_pair(raw, self._progress.state_path(src))
         self._seen[src] = raw
+        self._seen_unlocked[src] = not locked
         self._received_by[src] = max(self._received_by[src], received)
         return sent
+
+    def _find(self, src: int, index: int) -> bytes | None:
+        """Message ``index``'s slot content from ``src``'s area as last read (None: a file)."""
+        try:
+            inline = state_record.find_p2p(self._seen[src], index)
+        except ProtocolError:
+            if not self._seen_unlocked[src]:
+                raise
+            inline = None  # a slot torn by a write
+        if inline is None and self._seen_unlocked[src]:
+            # torn, or counters newer than the slot beside them, or really a file: the lock says
+            self._take_area(src, locked=True)
+            inline = state_record.find_p2p(self._seen[src], index)
+        return inline
 
     def acknowledge(self, src: int, received: int) -> None:
         with self._area_lock:
@@ -154,7 +184,7 @@ class Pairs:
 
     def open(self, src: int, index: int) -> message.Message | message.InlineMessage:
         """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline, in its ring, or a file."""
-        inline = state_record.find_p2p(self._seen[src], index)
+        inline = self._find(src, index)
         if inline is not None:
             self._inline_open.add((src, index))
             where = f"{self._progress.state_path(src)} (message #{index} to rank {self._progress.rank})"

@@ -175,8 +175,11 @@ class Progress:
         """Bytes of this rank's record past its position part (the point-to-point pair areas)."""
         self._records[self.rank].write(data, offset)
 
-    def read_peer(self, rank: int, offset: int, size: int) -> bytes:
-        """Bytes of ``rank``'s record (short where it never wrote them)."""
+    def read_peer(self, rank: int, offset: int, size: int, locked: bool = True) -> bytes:
+        """Bytes of ``rank``'s record (short where it never wrote them); without the lock only
+        where the group is ``optimistic`` (the caller checks them, see ``peer_state``)."""
+        if not locked and self.optimistic:
+            return self._records[rank].read_unlocked(offset, size)
         return self._records[rank].read(offset, size)
 
     # ---- peers --------------------------------------------------------------------------
