@@ -135,6 +135,7 @@ def test_summary_takes_the_slowest_rank_per_iteration() -> None:
     ranks = [[{**cell, "times": [1.0, 3.0, 2.0]}], [{**cell, "times": [2.0, 1.0, 2.0], "cpu": 0.6}]]
     (row,) = report.summarise(2, ranks)
     assert row.p50_s == 2.0 and row.p99_s == 3.0 and row.iters == 3
+    assert row.mean_s == 2.0  # the slower loop: rank 0's 6 s over 3 iterations (rank 1: 5 s)
     assert row.busbw_gbps == pytest.approx((1 << 20) / 2.0 / 1e9)  # 2(n-1)/n = 1 at n = 2
     assert row.cpu_s_per_op == pytest.approx(0.15) and row.verified
     bad = [[{**cell, "times": [1.0], "error": "1 of 4 elements wrong"}], [{**cell, "times": [1.0]}]]

@@ -1,7 +1,10 @@
 """From per-rank iteration times to statistics, the ratio table, CSV, JSON and a plot.
 
 Per iteration the slowest rank's time counts (an operation is done when its last rank is);
-the median and p99 are over iterations. Bandwidths are in GB/s (10⁹ bytes per second).
+the median and p99 are over iterations. Beside them, the mean: the slowest rank's whole loop
+over its iterations (nccl-tests' own figure), which a rank that finishes iterations unevenly
+(ahead in one, behind in the next) does not inflate the way the per-iteration maximum does.
+Bandwidths are in GB/s (10⁹ bytes per second).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class Row:
     iters: int
     p50_s: float
     p99_s: float
+    mean_s: float  # the slowest rank's loop time over its iterations
     algbw_gbps: float
     busbw_gbps: float
     cpu_s_per_op: float  # CPU seconds per operation per rank (mean over ranks)
@@ -59,6 +63,7 @@ def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
                 iters=len(slowest),
                 p50_s=p50,
                 p99_s=p99,
+                mean_s=max(float(np.mean(c["times"])) for c in cells),
                 algbw_gbps=algbw,
                 busbw_gbps=algbw * bus_factor(first["op"], world),
                 cpu_s_per_op=float(np.mean([c["cpu"] for c in cells])) / max(1, len(slowest)),
@@ -144,7 +149,7 @@ def table(rows: list[Row]) -> str:
     cells = _by_cell(rows)
     header = (
         f"{'ranks':>5} {'op':<14} {'size':>5} | {'fsdist p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9}"
-        f" {'fs/op':>6} | {'gloo p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9} | {'speedup':>7} ok"
+        f" {'fs/op':>6} | {'gloo p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9} | {'speedup':>7} {'mean':>6} ok"
     )
     lines = [header, "-" * len(header)]
     for (world, op, nbytes), pair in cells.items():
@@ -160,11 +165,13 @@ def table(rows: list[Row]) -> str:
                     f"{_time(side.p50_s):>10} {_time(side.p99_s):>10} {bw} {_time(side.cpu_s_per_op):>9}{fs_calls}"
                 )
         speedup = f"{gl.p50_s / fs.p50_s:6.2f}×" if fs and gl and fs.p50_s > 0 else f"{'-':>7}"
+        by_mean = f"{gl.mean_s / fs.mean_s:5.2f}×" if fs and gl and fs.mean_s > 0 else f"{'-':>6}"
         ok = all(r.verified for r in pair.values())
-        parts.append(f"{speedup} {'ok' if ok else 'FAILED'}")
+        parts.append(f"{speedup} {by_mean} {'ok' if ok else 'FAILED'}")
         lines.append(" | ".join(parts))
     lines.append(
-        "speedup = Gloo p50 / fsdist p50 (> 1: fsdist faster); busbw in GB/s; cpu/op per rank;"
+        "speedup = Gloo p50 / fsdist p50 (> 1: fsdist faster); mean = the same for the loop's mean time per op"
+        " (slowest rank); busbw in GB/s; cpu/op per rank;"
         " fs/op = filesystem calls per op per rank, measured (doorbells and /proc aside: they stay on the machine)"
     )
     return "\n".join(lines)
