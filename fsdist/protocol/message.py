@@ -135,12 +135,8 @@ def encode_inline(seq: int, tag: int, description: str, tensors: Sequence[torch.
 
 
 def encoded_size(description: str, tensors: Sequence[torch.Tensor], align: int = ALIGN) -> int:
-    """The bytes ``encode`` would produce, without producing them (to choose inline or file)."""
-    size = _align(
-        _FIXED.size + len(description.encode()[:65535]) + sum(_PART.size + _DIM.size * t.dim() for t in tensors)
-        + _CRC.size, align
-    )  # fmt: skip
-    return size + sum(_align(t.numel() * t.element_size(), align) for t in tensors)
+    """The bytes ``encode`` would produce (the header is made, the tensors' bytes are not touched)."""
+    return _layout(0, 0, description, tensors, align)[2]
 
 
 def parse_header(head: bytes, where: str) -> tuple[int, int, str, tuple[Part, ...], int]:
