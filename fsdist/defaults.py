@@ -107,6 +107,9 @@ MAX_UNRECEIVED_SENDS = 256
 #: RING_BYTES (sparse: pages are allocated as written, so a pair that never sends one costs none).
 RING_BYTES = 2 << 20
 RING_MESSAGE_MAX = 512 << 10
+#: A collective message between INLINE_MAX and this goes into its rank's ring file (retention.py)
+#: with where it lies in a record slot; larger ones stay files, whose large parts reductions map.
+COLLECTIVE_RING_MAX = MAP_MIN_BYTES - 1
 
 #: Tensors of at least this many bytes, in groups of 3 or more ranks, use the slice-parallel
 #: all_reduce (reduce-scatter + all-gather through files); the rest use one round where every

@@ -8,6 +8,8 @@ the lock. These tests hand the reader torn bytes and check it recovers the writt
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -161,3 +163,32 @@ def test_a_point_to_point_area_torn_by_a_send_is_read_again_under_the_lock(tmp_p
     queued.extend([bytes(after)] * 3)  # read again without the lock, it would be torn again
     assert receiver.sent_to_me(1) == 2
     assert _received(receiver, 1, 0) == 1.0 and _received(receiver, 1, 1) == 2.0
+
+
+def test_mid_size_collective_messages_go_through_the_ring_and_its_space_is_reused(tmp_path) -> None:
+    """Between a record slot and COLLECTIVE_RING_MAX, a message goes into its rank's ring file
+    (one file for all of them, space reused once readers are past) and the slot says where."""
+    from fsdist.defaults import COLLECTIVE_RING_MAX, RING_BYTES
+    from fsdist.protocol import layout
+
+    reader, writer = _transports(tmp_path)
+    if not writer.retention.spares.enabled:
+        pytest.skip("rings are for local filesystems; tmp_path is not one here")
+    numel = COLLECTIVE_RING_MAX // 8 // 4 * 3  # ~3/4 of the largest: a few laps of the ring
+    for seq in range(1, 3 * RING_BYTES // (numel * 8) + 2):
+        payload = torch.arange(numel, dtype=torch.float64) + seq
+        description = f"all_gather float64[{numel}]"
+        for t in (reader, writer):
+            t.enter(seq, description)
+        writer.publish(1, [payload])
+        reader.wait_for(1, 1)
+        with reader.open_message(1, 1) as msg:
+            assert msg.path.endswith(layout.collective_ring_name(1))  # not a file of its own
+            out = torch.empty(numel, dtype=torch.float64)
+            msg.read_into(0, out)
+        assert torch.equal(out, payload), seq
+        reader.advance(1)  # the reader's record shows it read: the writer may reuse the space
+        writer.wait_for(0, 1)
+    names = os.listdir(tmp_path)
+    assert not [n for n in names if n.startswith("m")], names  # no message files, no spares
+    assert os.path.getsize(tmp_path / layout.collective_ring_name(1)) == RING_BYTES

@@ -18,6 +18,9 @@
           wake.r<rank>, pwake.r<rank>    a rank's doorbells (FIFOs): collectives, point-to-point
           m<seq>.<step>.r<rank>          a collective message (message.py)
           p<src>-<dst>.<index>           a point-to-point message (message.py)
+          ring<src>-<dst>                a sender's ring file of mid-size messages to one peer
+          ring<rank>                     a rank's ring file of mid-size collective messages
+                                         (both: local filesystems only, transport/rings.py)
           .spare.r<rank>.<n>             a retired message file kept for reuse
           leaders/                       two-tier groups: the leaders' tier (one rank per
                                          node), with the same files as its group folder
@@ -49,6 +52,7 @@ __all__ = [
     "RENDEZVOUS_FILE",
     "ROUNDS_FILE",
     "STORE_LOCK_FILE",
+    "collective_ring_name",
     "doorbell_file",
     "error_file",
     "filename_to_key",
@@ -167,6 +171,11 @@ def message_name(rank: int, seq: int, step: int) -> str:
 def ring_name(src: int, dst: int) -> str:
     """The ring file of ``src``'s mid-size messages to ``dst`` (local filesystems only)."""
     return f"ring{src}-{dst}"
+
+
+def collective_ring_name(rank: int) -> str:
+    """The ring file of ``rank``'s mid-size collective messages (local filesystems only)."""
+    return f"ring{rank}"
 
 
 def p2p_name(src: int, dst: int, index: int) -> str:

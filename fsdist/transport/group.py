@@ -18,9 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
-from ..defaults import GC_EVERY, INLINE
+from ..defaults import COLLECTIVE_RING_MAX, GC_EVERY, INLINE, RING_BYTES
 from ..errors import PeerFailedError, ProtocolError
-from ..files.io import make_private_dir, remove_tree
+from ..files.io import make_private_dir, open_file, remove_tree
 from ..files.locks import Counter
 from ..files.waiting import Deadline
 from ..fs.mounts import is_local
@@ -54,6 +54,7 @@ class GroupTransport:
         )
         self._entered = 0
         self.retention = Retention(self.progress)
+        self._peer_rings: dict[int, int] = {}  # descriptors of peers' ring files, opened when first read
         self.pairs = Pairs(self.progress, self.retention)
 
     # ---- an operation starts ------------------------------------------------------------
@@ -86,19 +87,40 @@ class GroupTransport:
         ``readers`` (interfaces.py) lets its space be reused as soon as they are past it.
         """
         seq, description = self.progress.seq, self.progress.description
-        if INLINE:
-            encoded = message.encode_inline(seq, tag, description, tensors, state_record.INLINE_MAX)
-            slot = self.retention.free_slot() if encoded is not None else None
-            if encoded is not None and slot is not None:
+        encoded = message.encode_inline(seq, tag, description, tensors, state_record.INLINE_MAX) if INLINE else None
+        if encoded is not None:
+            slot = self.retention.free_slot()
+            if slot is not None:
                 self.progress.advance_inline(step, slot, encoded, readers)
                 self.retention.keep_inline(seq, step, slot, readers)
                 return
         buffers = message.encode(seq, tag, description, tensors)
         size = sum(len(b) for b in buffers)
+        if (
+            INLINE
+            and encoded is None
+            and size <= COLLECTIVE_RING_MAX
+            and self._publish_in_ring(step, buffers, size, readers)
+        ):
+            return
         self.retention.make_room(size)
         path, spare = self.retention.write(layout.message_name(self.rank, seq, step), buffers, size)
         self.retention.keep(seq, step, path, size, spare, readers)
         self.progress.advance(step, readers)
+
+    def _publish_in_ring(
+        self, step: int, buffers: Sequence[memoryview | bytes], size: int, readers: Sequence[int] | None
+    ) -> bool:
+        """A mid-size message into this rank's ring file, and where it lies into a free inline
+        slot with the step (local filesystems; False where there is no slot or no room)."""
+        slot = self.retention.free_slot()
+        placed = self.retention.place_in_ring(buffers, size) if slot is not None else None
+        if slot is None or placed is None:
+            return False
+        offset, index = placed
+        self.progress.advance_inline(step, slot, message.encode_ring_ref(offset, size), readers)
+        self.retention.keep_inline(self.progress.seq, step, slot, readers, ring_index=index)
+        return True
 
     def advance(self, step: int, waiters: Sequence[int] | None = None) -> None:
         self.progress.advance(step, waiters)
@@ -114,9 +136,14 @@ class GroupTransport:
         try:
             if inline is not None:
                 try:
-                    msg = message.InlineMessage(inline, progress.state_path(peer))
+                    ring = message.parse_ring_ref(inline, RING_BYTES, progress.state_path(peer))
+                    if ring is not None:
+                        where = os.path.join(self.directory, layout.collective_ring_name(peer))
+                        msg = message.Message.in_ring(self._ring_of(peer, where), *ring, where)
+                    else:
+                        msg = message.InlineMessage(inline, progress.state_path(peer))
                 except ProtocolError as exc:  # (the context is only formatted when it is needed)
-                    raise ProtocolError(f"{exc} (inline message of operation #{progress.seq} step {step})") from None
+                    raise ProtocolError(f"{exc} (message of operation #{progress.seq} step {step})") from None
             else:
                 msg = message.Message(os.path.join(self.directory, layout.message_name(peer, progress.seq, step)))
         except FileNotFoundError:
@@ -129,6 +156,13 @@ class GroupTransport:
             msg.close()
             raise progress.desync(peer, msg.description)
         return msg
+
+    def _ring_of(self, peer: int, path: str) -> int:
+        """A descriptor of ``peer``'s ring file (made before its first reference was published)."""
+        fd = self._peer_rings.get(peer)
+        if fd is None:
+            fd = self._peer_rings[peer] = open_file(path, os.O_RDONLY)
+        return fd
 
     def abort(self, reason: str) -> None:
         self.progress.abort(reason)
@@ -184,6 +218,9 @@ class GroupTransport:
         self.progress.close()
         self.pairs.close()
         self.retention.close()  # before counting out: the last rank removes the directory
+        for fd in self._peer_rings.values():
+            os.close(fd)
+        self._peer_rings.clear()
         with Counter(os.path.join(self.directory, layout.CLOSED_FILE)) as closed:
             last = closed.add(1) == self.size
         if last:

@@ -20,8 +20,10 @@ from ..defaults import ENV_REUSE_FILES, GC_BYTES, GC_EVERY, REUSE_FILES, REUSE_M
 from ..files.io import publish
 from ..files.waiting import poll
 from ..fs.mounts import is_local
+from ..protocol import layout
 from ..protocol.state_record import INLINE_SLOTS
 from .progress import Progress
+from .rings import SendRing
 from .spares import SpareFile, SparePool
 
 __all__ = ["Retention"]
@@ -40,6 +42,14 @@ class Retention:
         self.spares = SparePool(
             self.directory, progress.rank, _reuse_files(self.directory), REUSE_FILES, REUSE_MIN_BYTES
         )
+        #: mid-size messages' ring file, where retired files are reused (the same rule, for the
+        #: same reason: another client may cache a rewritten file's old pages)
+        self._ring = (
+            SendRing(os.path.join(self.directory, layout.collective_ring_name(progress.rank)))
+            if self.spares.enabled
+            else None
+        )
+        self._ring_next = 0  # the number of the next message placed in the ring
 
     def make_room(self, size: int) -> None:
         """Before publishing a collective's file of ``size`` bytes: wait while this rank's messages
@@ -111,10 +121,35 @@ class Retention:
             self.collect()
         return next((slot for slot, used in enumerate(self._slot_in_use) if not used), None)
 
-    def keep_inline(self, seq: int, step: int, slot: int, readers: Sequence[int] | None) -> None:
-        """Hold inline slot ``slot`` until its message's readers are past it."""
+    def keep_inline(
+        self, seq: int, step: int, slot: int, readers: Sequence[int] | None, ring_index: int | None = None
+    ) -> None:
+        """Hold inline slot ``slot`` (and the ring space of message ``ring_index``, if it points
+        into the ring) until its message's readers are past it."""
         self._slot_in_use[slot] = True
-        self._published.append(_Published(seq, step, readers, slot=slot))
+        self._published.append(_Published(seq, step, readers, slot=slot, ring_index=ring_index))
+
+    def place_in_ring(self, buffers: Sequence[memoryview | bytes], size: int) -> tuple[int, int] | None:
+        """Write a mid-size message into this rank's ring file: (its offset, its number), or
+        None (no ring here, or no room beside the messages readers may still read).
+
+        One ``pwritev`` into a file kept open, where a file of its own costs a create or a
+        spare's rename, and its readers an open, a close and its collection a rename.
+        """
+        if self._ring is None:
+            return None
+        offset = self._ring.place(self._ring_next, buffers, size, self._oldest_in_ring())
+        if offset is None:
+            self.collect()
+            offset = self._ring.place(self._ring_next, buffers, size, self._oldest_in_ring())
+            if offset is None:
+                return None
+        self._ring_next += 1
+        return offset, self._ring_next - 1
+
+    def _oldest_in_ring(self) -> int:
+        """The number of the oldest ring message readers may still read (every one before it is free)."""
+        return next((p.ring_index for p in self._published if p.ring_index is not None), self._ring_next)
 
     def collect_if_due(self, entered: int) -> None:
         """Collect every GC_EVERY operations (``entered``: how many this group's transport has
@@ -155,6 +190,8 @@ class Retention:
             if published.spare is not None:
                 published.spare.close(remove=False)
         self.spares.close()
+        if self._ring is not None:
+            self._ring.close()
 
     def _spare_in_reach(self) -> bool:
         """Whether the oldest uncollected message would become a spare: collect it now, not later."""
@@ -188,6 +225,7 @@ class _Published:
     size: int = 0
     spare: SpareFile | None = None  # the spare it was written through
     slot: int | None = None  # its inline slot
+    ring_index: int | None = None  # its number in the ring file, where the slot points there
 
     def readers_among(self, others: Sequence[int]) -> Sequence[int]:
         return others if self.readers is None else self.readers
