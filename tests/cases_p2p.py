@@ -149,6 +149,44 @@ def mid_size_messages_out_of_order_every_byte_checked() -> list[str]:
     return failures
 
 
+def large_messages_come_back_through_kept_mappings() -> list[str]:
+    """Large messages (files: spares rewritten in place, read and written through mappings kept
+    by inode on local filesystems, files/mapped.py) going round a ring and out from a root for
+    many rounds, each round's values new: a copy out of a mapping must see the latest message,
+    never an earlier one written into the same inode; every element checked."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    nxt, prev = (rank + 1) % world, (rank - 1) % world
+    failures: list[str] = []
+    count = 300_000  # 1.2 MB: past the mapping threshold (256 KiB) and the rings
+    for round_ in range(10):
+        sent = torch.arange(count, dtype=torch.float32) + (rank * 100 + round_)
+        out = torch.zeros(count)
+        ops = [dist.P2POp(dist.isend, sent, nxt), dist.P2POp(dist.irecv, out, prev)]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        want = torch.arange(count, dtype=torch.float32) + (prev * 100 + round_)
+        if not torch.equal(out, want):
+            failures.append(f"ring round {round_}: {int((out != want).sum())} elements wrong")
+        root = round_ % world
+        value = torch.full((count,), float(round_ * 10 + root)) if rank == root else torch.zeros(count)
+        dist.broadcast(value, root)
+        if not torch.equal(value, torch.full((count,), float(round_ * 10 + root))):
+            failures.append(f"broadcast round {round_} from {root}: wrong values")
+        pieces = torch.arange(count // world * world, dtype=torch.float32) + rank * 7 + round_
+        got = torch.zeros_like(pieces)
+        dist.all_to_all_single(got, pieces)
+        piece = count // world
+        want = torch.cat(
+            [
+                torch.arange(rank * piece, (rank + 1) * piece, dtype=torch.float32) + src * 7 + round_
+                for src in range(world)
+            ]
+        )
+        if not torch.equal(got, want):
+            failures.append(f"all_to_all round {round_}: {int((got != want).sum())} elements wrong")
+    return failures
+
+
 def any_source() -> list[str]:
     """Rank 0 receives one message from every other rank without naming the source."""
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -12,6 +12,7 @@ import torch
 from fsdist.errors import FsdistError, ProtocolError
 from fsdist.files.io import publish
 from fsdist.files.locks import Counter, LockedRecord
+from fsdist.files.mapped import MappedFiles
 from fsdist.protocol import message, state_record
 from fsdist.transport.spares import SparePool
 
@@ -243,7 +244,8 @@ def test_two_records_on_one_file_in_one_process_exclude_each_other(tmp_path) -> 
 
 def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) -> None:
     """A message published through a spare reads back exactly, larger or smaller than the file."""
-    pool = SparePool(str(tmp_path), rank=0, enabled=True, max_files=2, min_bytes=1024)
+    mapped = MappedFiles(min_bytes=1024)
+    pool = SparePool(str(tmp_path), rank=0, enabled=True, max_files=2, min_bytes=1024, mapped=mapped)
     big = torch.arange(100_000, dtype=torch.float32)
     first = publish(str(tmp_path), "m1", message.encode(1, 0, "big", [big]))
     pool.give_back(first, os.path.getsize(first))
@@ -270,24 +272,64 @@ def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) 
         view = msg.mapped(0, out64[1000:2000], byte_offset=1000 * 8)
         assert torch.equal(view, bigger[1000:2000])
         view.add_(1)  # a private mapping: the writer's file is untouched
-    with message.Message(str(tmp_path / "m3")) as msg:
-        msg.read_into(0, out64)
-        assert torch.equal(out64, bigger)
+    for _ in range(2):  # seen before: read through the kept mapping
+        with message.Message(str(tmp_path / "m3"), mapped=mapped) as msg:
+            out64.zero_()
+            msg.read_into(0, out64)
+            assert torch.equal(out64, bigger)
+    assert len(mapped._maps) == 1
     spare.close()
+    assert not mapped._maps  # a spare deleted lets go of its mapping
     assert pool.take(10) is None  # below min_bytes: never a spare
     pool.close()
     assert os.listdir(tmp_path) == []
 
 
+def test_kept_mappings_read_what_was_written_last_and_let_go_of_deleted_files(tmp_path) -> None:
+    """files/mapped.py: a file is mapped the second time its inode is read; a copy out of the kept
+    mapping sees every later write, through the mapping or not; a short file and small reads are
+    left to pread; deleted files and the oldest beyond capacity are unmapped."""
+    mapped = MappedFiles(min_bytes=4096, capacity=2)
+    paths = [str(tmp_path / f"f{i}") for i in range(3)]
+    fds = []
+    for index, path in enumerate(paths):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.pwrite(fd, bytes([index + 1]) * 65536, 0)
+        fds.append(fd)
+    out = bytearray(8192)
+    assert not mapped.read(fds[0], 100, memoryview(out))  # first sight: pread
+    assert mapped.read(fds[0], 100, memoryview(out)) and out == bytes([1]) * 8192
+    assert not mapped.read(fds[0], 0, memoryview(bytearray(100)))  # small: pread
+    assert not mapped.read(fds[0], 65536 - 100, memoryview(out))  # past the end: pread says so
+    os.pwrite(fds[0], b"\x07" * 8192, 100)  # rewritten by another path (a peer's spare)
+    assert mapped.read(fds[0], 100, memoryview(out)) and out == b"\x07" * 8192
+    assert not mapped.write(fds[0], [b"\x09" * 5000, memoryview(bytearray(b"\x0a" * 70000))])  # too short
+    assert os.fstat(fds[0]).st_size == 65536
+    os.ftruncate(fds[0], 75000)  # grown (SpareFile: fallocate): mapped again, longer
+    assert mapped.write(fds[0], [b"\x09" * 5000, memoryview(bytearray(b"\x0a" * 70000))])
+    assert os.pread(fds[0], 2, 4999) == b"\x09\x0a"
+    assert mapped.read(fds[0], 5000, memoryview(out)) and out == b"\x0a" * 8192
+    for fd in fds[1:]:
+        assert mapped.write(fd, [b"\x05" * 8192])
+    assert len(mapped._maps) == 2  # capacity: the oldest went
+    os.unlink(paths[1])
+    mapped.read(fds[0], 0, memoryview(out))  # a miss sweeps deleted files
+    assert all(os.fstat(m.fd).st_nlink for m in mapped._maps.values())
+    mapped.close()
+    assert not mapped._maps
+    for fd in fds:
+        os.close(fd)
+
+
 def test_spare_pool_is_bounded_and_off_where_disabled(tmp_path) -> None:
-    pool = SparePool(str(tmp_path), rank=3, enabled=True, max_files=2, min_bytes=10)
+    pool = SparePool(str(tmp_path), rank=3, enabled=True, max_files=2, min_bytes=10, mapped=MappedFiles(1024))
     for i in range(4):
         path = publish(str(tmp_path), f"m{i}", [b"x" * 100])
         pool.give_back(path, 100)
     assert sorted(os.listdir(tmp_path)) == [".spare.r3.0", ".spare.r3.1"]  # the others were deleted
     pool.close()
     assert os.listdir(tmp_path) == []
-    off = SparePool(str(tmp_path), rank=0, enabled=False, max_files=2, min_bytes=10)
+    off = SparePool(str(tmp_path), rank=0, enabled=False, max_files=2, min_bytes=10, mapped=MappedFiles(1024))
     path = publish(str(tmp_path), "m", [b"x" * 100])
     off.give_back(path, 100)
     assert os.listdir(tmp_path) == [] and off.take(100) is None

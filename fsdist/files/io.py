@@ -70,7 +70,7 @@ def publish(directory: str, name: str, buffers: Sequence[memoryview | bytes]) ->
     try:
         fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         try:
-            _write_all(fd, buffers)
+            write_all(fd, buffers)
         finally:
             os.close(fd)
         retrying(lambda: os.rename(temp, final))
@@ -80,10 +80,12 @@ def publish(directory: str, name: str, buffers: Sequence[memoryview | bytes]) ->
     return final
 
 
-def _write_all(fd: int, buffers: Sequence[memoryview | bytes]) -> int:
+def write_all(fd: int, buffers: Sequence[memoryview | bytes], offset: int = 0) -> int:
+    """Write ``buffers`` one after the other at ``offset`` (``pwritev``, resumed where it was short);
+    return how many bytes."""
     pending = [memoryview(b).cast("B") for b in buffers if len(b)]
     total = sum(len(b) for b in pending)
-    position = 0
+    position = offset
     while pending:
         written = retrying(lambda: os.pwritev(fd, pending[:1024], position))
         position += written

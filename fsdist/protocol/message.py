@@ -28,6 +28,7 @@ import torch
 
 from ..errors import ProtocolError
 from ..files.io import open_file, read_exact
+from ..files.mapped import MappedFiles
 
 MAGIC = b"FSDM"
 VERSION = 1
@@ -271,8 +272,14 @@ class Message:
     is never mapped, and ``keep`` copies it for a reader that leaves it for later.
     """
 
-    def __init__(self, path: str, fd: int | None = None, base: int = 0, length: int | None = None) -> None:
+    def __init__(
+        self, path: str, fd: int | None = None, base: int = 0, length: int | None = None,
+        mapped: MappedFiles | None = None,
+    ) -> None:  # fmt: skip
+        """``mapped``: the rank's kept mappings, to copy large parts of a file message through
+        (local filesystems; files/mapped.py)."""
         self.path = path
+        self._mapped = mapped
         self._owns_fd = fd is None
         self._fd = open_file(path, os.O_RDONLY) if fd is None else fd
         self._base, self._length = base, length
@@ -320,7 +327,9 @@ class Message:
         want = dest.numel() * dest.element_size()
         start = self._check_range(index, byte_offset, want)
         if want:
-            read_exact(self._fd, tensor_bytes(dest), start, self.path)
+            buffer = tensor_bytes(dest)
+            if self._mapped is None or self._length is not None or not self._mapped.read(self._fd, start, buffer):
+                read_exact(self._fd, buffer, start, self.path)
 
     def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
         """Part ``index`` from ``byte_offset`` as a tensor shaped like ``like``, mapped, not copied.

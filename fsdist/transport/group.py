@@ -54,6 +54,7 @@ class GroupTransport:
         )
         self._entered = 0
         self.retention = Retention(self.progress)
+        self._mapped = self.retention.spares.mapped if self.maps_messages else None
         self._peer_rings: dict[int, int] = {}  # descriptors of peers' ring files, opened when first read
         self.pairs = Pairs(self.progress, self.retention)
 
@@ -145,7 +146,8 @@ class GroupTransport:
                 except ProtocolError as exc:  # (the context is only formatted when it is needed)
                     raise ProtocolError(f"{exc} (message of operation #{progress.seq} step {step})") from None
             else:
-                msg = message.Message(os.path.join(self.directory, layout.message_name(peer, progress.seq, step)))
+                path = os.path.join(self.directory, layout.message_name(peer, progress.seq, step))
+                msg = message.Message(path, mapped=self._mapped)
         except FileNotFoundError:
             # the peer went past this operation without publishing this step: it ran another one
             state = progress.peer_state(peer)

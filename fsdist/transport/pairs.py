@@ -61,6 +61,7 @@ class Pairs:
         self._all_ring = False  # every peer found on this host (asked again until it is)
         #: mid-size messages go through ring files where spares are used (local filesystems)
         self._rings_enabled = INLINE and retention.spares.enabled
+        self._mapped = retention.spares.mapped if retention.spares.enabled else None
         self._send_rings: dict[int, SendRing] = {}
         self._read_rings: dict[int, int] = {}
 
@@ -193,7 +194,8 @@ class Pairs:
                 where = f"{where} in {layout.ring_name(src, self._progress.rank)}"
                 return message.Message.in_ring(self._ring_to_read(src), *ring, where)
             return message.InlineMessage(inline, where)
-        return message.Message(os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index)))
+        path = os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index))
+        return message.Message(path, mapped=self._mapped)
 
     def discard(self, src: int, index: int, size: int) -> None:
         """The receiver disposes of a message it consumed (its only reader): a spare, or deleted;

@@ -16,15 +16,16 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..defaults import ENV_REUSE_FILES, GC_BYTES, GC_EVERY, REUSE_FILES, REUSE_MIN_BYTES, RUN_AHEAD
+from ..defaults import ENV_REUSE_FILES, GC_BYTES, GC_EVERY, MAP_MIN_BYTES, REUSE_FILES, REUSE_MIN_BYTES, RUN_AHEAD
 from ..files.io import publish
+from ..files.mapped import MappedFiles
 from ..files.waiting import poll
 from ..fs.mounts import is_local
 from ..protocol import layout
 from ..protocol.state_record import INLINE_SLOTS
 from .progress import Progress
 from .rings import SendRing
-from .spares import SpareFile, SparePool
+from .spares import SpareFile, SparePool, copy_bytes
 
 __all__ = ["Retention"]
 
@@ -39,8 +40,10 @@ class Retention:
         #: which inline slots of this rank's record hold a message peers may still read
         self._slot_in_use = [False] * INLINE_SLOTS
         self._bytes = 0
+        #: every rank's spares may come back to this one, its own as its peers' next messages
+        mapped = MappedFiles(MAP_MIN_BYTES, capacity=REUSE_FILES * (progress.size + 1), copy=copy_bytes)
         self.spares = SparePool(
-            self.directory, progress.rank, _reuse_files(self.directory), REUSE_FILES, REUSE_MIN_BYTES
+            self.directory, progress.rank, _reuse_files(self.directory), REUSE_FILES, REUSE_MIN_BYTES, mapped
         )
         #: mid-size messages' ring file, where retired files are reused (the same rule, for the
         #: same reason: another client may cache a rewritten file's old pages)

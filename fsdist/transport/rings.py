@@ -28,7 +28,7 @@ from collections import deque
 from collections.abc import Sequence
 
 from ..defaults import RING_BYTES
-from ..files.io import open_file, retrying
+from ..files.io import open_file, retrying, write_all
 
 __all__ = ["SendRing"]
 
@@ -66,7 +66,7 @@ class SendRing:
             if self._fd < 0:
                 self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT)
                 retrying(lambda: os.ftruncate(self._fd, self.capacity))  # sparse: pages come as written
-            _write_all(self._fd, buffers, offset)
+            write_all(self._fd, buffers, offset)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.ENOMEM):
                 raise
@@ -80,15 +80,3 @@ class SendRing:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-def _write_all(fd: int, buffers: Sequence[memoryview | bytes], offset: int) -> None:
-    views = [memoryview(b).cast("B") for b in buffers if len(b)]
-    while views:
-        written = retrying(lambda: os.pwritev(fd, views, offset))
-        offset += written
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]

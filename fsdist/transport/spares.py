@@ -4,7 +4,8 @@ Why: on tmpfs, filling a fresh file runs at ~2.3 GB/s here (the kernel zeroes ev
 then copies into it), rewriting an allocated file through ``write`` at ~4–5 GB/s, and copying
 into a mapping that stays in place at memcpy speed. Unlinking a large file costs its pages'
 release too. So on local filesystems a rank keeps a few retired message files as *spares*:
-each is mapped once, and a message published through it is a memcpy into the mapping
+a message published through one is a memcpy into the rank's kept mapping of it
+(files/mapped.py, by inode: it survives the renames, and the file's trips to a peer and back)
 followed by the same ``rename`` into place as a fresh file, so readers see the same
 all-or-nothing publication.
 
@@ -20,89 +21,90 @@ still cache the old pages of a rewritten inode.
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 
 import torch
 
 from ..errors import FsdistError
-from ..files.io import open_file, retrying, unlink_quietly
+from ..files.io import open_file, retrying, unlink_quietly, write_all
+from ..files.mapped import MappedFiles
 from ..protocol import layout
 
-__all__ = ["SpareFile", "SparePool"]
+__all__ = ["SpareFile", "SparePool", "copy_bytes"]
 
 _TORCH_COPY_MIN = 64 << 10
 
 
 class SpareFile:
-    """One spare: its current name, its size, and (once written) a mapping of all of it."""
+    """One spare: its current name, its size, and (once written) a descriptor open for writing.
 
-    def __init__(self, path: str, size: int) -> None:
+    Its bytes are copied in through the rank's kept mapping of the file (files/mapped.py), which
+    outlives the spare: the inode comes back, as this rank's next message from the peer it goes
+    to, or as a spare again.
+    """
+
+    def __init__(self, path: str, size: int, mapped: MappedFiles) -> None:
         self.path = path
         self.size = size
+        self._mapped = mapped
         self._fd = -1
-        self._map: mmap.mmap | None = None
-        self._bytes: torch.Tensor | None = None  # the mapping as a uint8 tensor
 
     def publish(self, final: str, buffers: Sequence[memoryview | bytes]) -> None:
         """Copy ``buffers`` into the file from its start, then rename it to ``final``.
 
-        A file too small grows with ``posix_fallocate`` before it is mapped: a store into a
-        hole of a mapped file that finds the disk full kills the process with SIGBUS, while
-        ``fallocate`` fails with ENOSPC. Bytes past the message stay as they were: the
-        message header says where every part lies, so a reader never reads them.
+        A file too small grows with ``posix_fallocate`` before it is written through a mapping:
+        a store into a hole of a mapped file that finds the disk full kills the process with
+        SIGBUS, while ``fallocate`` fails with ENOSPC. Bytes past the message stay as they
+        were: the message header says where every part lies, so a reader never reads them.
         """
         total = sum(len(b) for b in buffers)
         try:
-            if self._map is None or len(self._map) < total:
-                self._remap(total)
-            assert self._map is not None and self._bytes is not None
-            position = 0
-            for buffer in buffers:
-                view = memoryview(buffer).cast("B")
-                if len(view) >= _TORCH_COPY_MIN and not view.readonly:
-                    # torch's copy lets go of the GIL (a slice assignment would hold it for the
-                    # whole memcpy, stalling this process's receive thread meanwhile)
-                    self._bytes[position : position + len(view)].copy_(torch.frombuffer(view, dtype=torch.uint8))
-                else:
-                    self._map[position : position + len(view)] = view
-                position += len(view)
+            if self._fd < 0:
+                self._fd = open_file(self.path, os.O_RDWR)
+                self.size = os.fstat(self._fd).st_size
+            if self.size < total:
+                self._grow(total)
+            if not self._mapped.write(self._fd, buffers):
+                write_all(self._fd, buffers)
             retrying(lambda: os.rename(self.path, final))
         except OSError as exc:
             self.close()  # a spare that failed once (disk full, ...) is not kept
             raise FsdistError(f"could not publish {final}: {os.strerror(exc.errno or 0)} ({exc})") from exc
         self.path = final
 
-    def _remap(self, needed: int) -> None:
-        self._unmap()
-        if self._fd < 0:
-            self._fd = open_file(self.path, os.O_RDWR)
-        have = os.fstat(self._fd).st_size
-        self.size = max(self.size, needed, have)
+    def _grow(self, needed: int) -> None:
         try:
-            os.posix_fallocate(self._fd, 0, self.size)
+            os.posix_fallocate(self._fd, 0, needed)
         except OSError as exc:
             if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
                 raise
-            _extend_with_zeros(self._fd, have, self.size)  # allocates too, failing cleanly
-        self._map = mmap.mmap(self._fd, self.size, flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0))
-        self._bytes = torch.frombuffer(self._map, dtype=torch.uint8)
-
-    def _unmap(self) -> None:
-        self._bytes = None  # first: the tensor must never outlive the mapping it points into
-        if self._map is not None:
-            self._map.close()
-            self._map = None
+            _extend_with_zeros(self._fd, self.size, needed)  # allocates too, failing cleanly
+        self.size = needed
 
     def close(self, remove: bool = True) -> None:
-        self._unmap()
+        """Let go of the file (``remove``: and of its mapping, then the file itself)."""
         if self._fd >= 0:
+            if remove:
+                self._mapped.forget(self._fd)
             os.close(self._fd)
             self._fd = -1
         if remove:
             unlink_quietly(self.path)
+
+
+def copy_bytes(dest: memoryview, source: memoryview) -> None:
+    """A copy between buffers for kept mappings (files/mapped.py): large ones by torch, which lets
+    go of the GIL (a slice assignment would hold it for the whole memcpy, stalling this
+    process's receive thread meanwhile) and uses the intra-op threads."""
+    if len(dest) < _TORCH_COPY_MIN:
+        dest[:] = source
+        return
+    with warnings.catch_warnings():  # a read-only mapping: torch warns, and only reads it
+        warnings.simplefilter("ignore", UserWarning)
+        torch.frombuffer(dest, dtype=torch.uint8).copy_(torch.frombuffer(source, dtype=torch.uint8))
 
 
 def _extend_with_zeros(fd: int, start: int, end: int) -> None:
@@ -118,8 +120,12 @@ class SparePool:
     receive thread) all take and give back spares.
     """
 
-    def __init__(self, directory: str, rank: int, enabled: bool, max_files: int, min_bytes: int) -> None:
+    def __init__(
+        self, directory: str, rank: int, enabled: bool, max_files: int, min_bytes: int, mapped: MappedFiles
+    ) -> None:
+        """``mapped``: the rank's kept mappings of this group's files (where spares are written)."""
         self.enabled = enabled
+        self.mapped = mapped
         self._directory = directory
         self._rank = rank
         self._max_files = max_files
@@ -155,9 +161,7 @@ class SparePool:
         ``spare`` is the SpareFile it was published through, if it was: its mapping is kept.
         """
         if not self.wants(size):
-            if spare is not None:
-                spare.close(remove=False)
-            unlink_quietly(path)
+            self._delete(path, spare)
             return
         with self._lock:
             hidden = os.path.join(self._directory, layout.spare_name(self._rank, self._named))
@@ -165,12 +169,10 @@ class SparePool:
         try:
             os.rename(path, hidden)
         except OSError:
-            if spare is not None:
-                spare.close(remove=False)
-            unlink_quietly(path)
+            self._delete(path, spare)
             return
         if spare is None:
-            spare = SpareFile(hidden, size)
+            spare = SpareFile(hidden, size, self.mapped)
         spare.path = hidden
         with self._lock:
             if len(self._free) < self._max_files:
@@ -178,9 +180,17 @@ class SparePool:
                 return
         spare.close()
 
+    def _delete(self, path: str, spare: SpareFile | None) -> None:
+        if spare is not None:
+            spare.path = path
+            spare.close()  # its mapping first
+        else:
+            unlink_quietly(path)
+
     def close(self) -> None:
-        """Delete every spare (before the last rank removes the directory)."""
+        """Delete every spare (before the last rank removes the directory), and unmap."""
         with self._lock:
             spares, self._free = self._free, []
         for spare in spares:
             spare.close()
+        self.mapped.close()
