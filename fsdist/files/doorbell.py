@@ -148,6 +148,8 @@ class Doorbell:
         if self._fd < 0:
             time.sleep(seconds)
             return False
+        if seconds <= 0:
+            return self._drain()  # (no select to ask first: the read does not block)
         ready, _, _ = select.select([self._fd], [], [], seconds)
         return bool(ready) and self._drain()
 

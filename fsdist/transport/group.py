@@ -63,6 +63,7 @@ class GroupTransport:
     def enter(self, seq: int, description: str) -> None:
         """Announce that this rank started operation ``seq``, described by ``description``."""
         self.progress.enter(seq, description)
+        self.pairs.flush_acknowledgements()  # a peer blocked on its send cap may be needed here
         self._entered += 1  # a tier of a two-tier group sees only some of the group's operations
         self.retention.collect_if_due(self._entered)
         if self._entered % GC_EVERY == 0:
@@ -217,6 +218,7 @@ class GroupTransport:
 
     def close(self) -> bool:
         """Leave the group. The last rank to leave removes the group directory; returns True then."""
+        self.pairs.flush_acknowledgements()  # a sender may still wait for them before it sees this rank leave
         self.progress.close()
         self.pairs.close()
         self.retention.close()  # before counting out: the last rank removes the directory

@@ -51,6 +51,8 @@ class Pairs:
         #: receiving thread) both write the counters, so they write from one image, in turn
         self._areas = [bytearray(state_record.PAIR_AREA) for _ in range(size)]
         self._area_lock = threading.Lock()
+        #: acknowledgements not written yet (peer -> received count; see ``acknowledge``)
+        self._ack_due: dict[int, int] = {}
         #: each peer's pair area for this rank, as read by the last ``sent_to_me``
         self._seen: list[bytes] = [b""] * size
         self._seen_unlocked = [False] * size  # (read without the lock: see ``sent_to_me``)
@@ -99,7 +101,7 @@ class Pairs:
         """Write ``encoded`` (a message, or where it lies in the ring) into its slot, with the counters."""
         with self._area_lock:
             area = self._areas[dst]
-            received = self._counters_written(dst)[1]
+            received = self._received_to_write(dst)
             end = state_record.put_p2p(area, index + 1, received, index, encoded)
             self._progress.write_own(bytes(area[:end]), state_record.pair_offset(dst))
 
@@ -131,7 +133,7 @@ class Pairs:
         if spare is not None:
             spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
         with self._area_lock:
-            self._write_counters(dst, index + 1, self._counters_written(dst)[1])
+            self._write_counters(dst, index + 1, self._received_to_write(dst))
 
     def sent_to_me(self, src: int) -> int:
         """How many messages ``src`` has sent to this rank (reading its whole pair area for us).
@@ -170,8 +172,40 @@ class Pairs:
         return inline
 
     def acknowledge(self, src: int, received: int) -> None:
+        """Count ``src``'s messages consumed. To a peer this rank sends to as well, the count is
+        written with the next send to it, or on its own when a second one is due, before this
+        rank waits, or enters a collective; to others at once.
+
+        Why late: in a ping-pong or a ring of two the reply is the next write of the same pair
+        area, and carries the count with it (2-rank 8-byte send/recv ring: one locked write per
+        iteration instead of two). A sender needs the count only to reuse a slot or ring space
+        (without it: a file) and, blocking, past MAX_UNRECEIVED_SENDS; held back by at most one
+        message, and never while this rank could wait for that sender, the cap is one lower in
+        effect and nothing can deadlock on it. A peer this rank never sends to (a ring of 4:
+        the previous rank) would find its slots taken and send files: it is counted at once.
+        """
         with self._area_lock:
-            self._write_counters(src, self._counters_written(src)[0], received)
+            if self._sent[src] == 0:
+                self._write_counters(src, self._counters_written(src)[0], received)
+            elif src in self._ack_due:
+                del self._ack_due[src]
+                self._write_counters(src, self._counters_written(src)[0], received)
+            else:
+                self._ack_due[src] = received
+
+    def flush_acknowledgements(self) -> None:
+        """Write every acknowledgement held back (this rank is about to wait, or enters a collective)."""
+        if not self._ack_due:
+            return
+        with self._area_lock:
+            for src, received in self._ack_due.items():
+                self._write_counters(src, self._counters_written(src)[0], received)
+            self._ack_due.clear()
+
+    def _received_to_write(self, peer: int) -> int:
+        """The received count for ``peer`` that a write of its counters carries (the area lock is held)."""
+        due = self._ack_due.pop(peer, None)
+        return self._counters_written(peer)[1] if due is None else due
 
     def _counters_written(self, peer: int) -> tuple[int, int]:
         """(sent, received) as this rank last wrote them for ``peer`` (the area lock is held)."""
@@ -207,9 +241,11 @@ class Pairs:
         self._retention.spares.give_back(path, size)
 
     def wait_for_sends(self, seconds: float) -> None:
+        self.flush_acknowledgements()  # a sender may be waiting for them
         self._bell.wait(seconds)
 
     def spin_for_sends(self, seconds: float) -> bool:
+        self.flush_acknowledgements()
         return self._progress.cores_to_spin() and self._bell.spin(seconds)
 
     def sends_ring(self) -> bool:
@@ -244,6 +280,7 @@ class Pairs:
 
     def _wait_for_receiver(self, dst: int) -> None:
         progress = self._progress
+        self.flush_acknowledgements()  # (``dst`` may be waiting for this rank's sends to move on, too)
 
         def room() -> bool | None:
             return True if self._sent[dst] - self._read_received_by(dst) < MAX_UNRECEIVED_SENDS else None
