@@ -311,6 +311,35 @@ def sends_are_buffered() -> list[str]:
     return failures
 
 
+def held_back_counts_never_block_a_capped_sender() -> list[str]:
+    """Rank 1 has sent to rank 0, so its counts of rank 0's messages ride with its next send
+    (pairs.acknowledge). It receives one of rank 0's MAX_UNRECEIVED_SENDS + 1 sends and enters a
+    barrier: rank 0's last send waits for that count, which rank 1 must write before it waits
+    in the barrier (else both wait until the timeout). Then the rest, every value checked."""
+    from fsdist.defaults import MAX_UNRECEIVED_SENDS
+
+    rank = dist.get_rank()
+    failures: list[str] = []
+    if rank == 1:
+        dist.send(torch.ones(1), 0)
+    elif rank == 0:
+        dist.recv(torch.zeros(1), 1)
+    if rank == 0:
+        for i in range(MAX_UNRECEIVED_SENDS + 1):
+            dist.send(torch.tensor([float(i)]), 1)
+    elif rank == 1:
+        got = torch.zeros(1)
+        dist.recv(got, 0)
+        failures += [] if got.item() == 0.0 else [f"#0: {got.item()}"]
+    dist.barrier()
+    if rank == 1:
+        for i in range(1, MAX_UNRECEIVED_SENDS + 1):
+            dist.recv(got, 0)
+            failures += [] if got.item() == float(i) else [f"#{i}: {got.item()}"]
+    dist.barrier()
+    return failures
+
+
 def send_cap(count: int) -> list[int]:
     """Rank 0 sends `count` messages before rank 1 receives any: the sender must stop at the
     cap of unreceived messages (files stay bounded) and go on once receives start."""
