@@ -133,9 +133,16 @@ class GroupTransport:
     def open_message(self, peer: int, step: int) -> message.Message | message.InlineMessage:
         """Open ``peer``'s message for (current operation, ``step``); call ``wait_for`` first."""
         progress = self.progress
-        inline = progress.inline_message(peer, step)
+        # optimistic reads: a file is opened before the record is read again under the lock to
+        # confirm there is none (a message is either inline or a file, so a file found is it)
+        inline = progress.inline_message(peer, step, confirm=not progress.optimistic)
         msg: message.Message | message.InlineMessage
         try:
+            if inline is None and progress.optimistic:
+                try:
+                    return self._checked(peer, self._open_file(peer, step))
+                except FileNotFoundError:
+                    inline = progress.inline_message(peer, step)
             if inline is not None:
                 try:
                     ring = message.parse_ring_ref(inline, RING_BYTES, progress.state_path(peer))
@@ -147,14 +154,24 @@ class GroupTransport:
                 except ProtocolError as exc:  # (the context is only formatted when it is needed)
                     raise ProtocolError(f"{exc} (message of operation #{progress.seq} step {step})") from None
             else:
-                path = os.path.join(self.directory, layout.message_name(peer, progress.seq, step))
-                msg = message.Message(path, mapped=self._mapped)
+                msg = self._open_file(peer, step)
         except FileNotFoundError:
             # the peer went past this operation without publishing this step: it ran another one
             state = progress.peer_state(peer)
             raise progress.desync(
                 peer, f"(moved on to #{state.seq} '{state.description}' without publishing step {step})"
             ) from None
+        return self._checked(peer, msg)
+
+    def _open_file(self, peer: int, step: int) -> message.Message:
+        path = os.path.join(self.directory, layout.message_name(peer, self.progress.seq, step))
+        return message.Message(path, mapped=self._mapped)
+
+    def _checked(
+        self, peer: int, msg: message.Message | message.InlineMessage
+    ) -> message.Message | message.InlineMessage:
+        """``msg``, if it is of the operation this rank is in (else a desync, on every rank)."""
+        progress = self.progress
         if msg.seq != progress.seq or msg.description != progress.description:
             msg.close()
             raise progress.desync(peer, msg.description)

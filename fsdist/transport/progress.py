@@ -135,10 +135,13 @@ class Progress:
             self._unwritten = False
         self.bell.ring(self.others if waiters is None else waiters)
 
-    def inline_message(self, peer: int, step: int) -> bytes | None:
+    def inline_message(self, peer: int, step: int, confirm: bool = True) -> bytes | None:
         """``peer``'s inline message of (current operation, ``step``), or None if it sent a file.
 
         Usually in the record as read by the wait that saw the step; read once more otherwise.
+        Where that record was read without the lock, None only says *maybe* a file (a torn
+        read can show the step beside an older slot): it is confirmed by a locked read, unless
+        ``confirm`` is False (the caller looks for the file first, and confirms if it is not there).
         """
         try:
             found = state_record.find_inline(self._seen[peer], self.seq, step)
@@ -146,7 +149,7 @@ class Progress:
             if not self.optimistic:
                 raise
             found = None  # a slot torn by a write while read without the lock: read it locked
-        if found is None:
+        if found is None and confirm:
             self.peer_state(peer, locked=True)
             found = state_record.find_inline(self._seen[peer], self.seq, step)
         return found
