@@ -25,7 +25,7 @@ from ..protocol import layout
 from ..protocol.state_record import INLINE_SLOTS
 from .progress import Progress
 from .rings import SendRing
-from .spares import SpareFile, SparePool, copy_bytes
+from .spares import SpareFile, SparePool, torch_copy
 
 __all__ = ["Retention"]
 
@@ -41,7 +41,7 @@ class Retention:
         self._slot_in_use = [False] * INLINE_SLOTS
         self._bytes = 0
         #: every rank's spares may come back to this one, its own as its peers' next messages
-        mapped = MappedFiles(MAP_MIN_BYTES, capacity=REUSE_FILES * (progress.size + 1), copy=copy_bytes)
+        mapped = MappedFiles(MAP_MIN_BYTES, capacity=REUSE_FILES * (progress.size + 1), copy=torch_copy)
         self.spares = SparePool(
             self.directory, progress.rank, _reuse_files(self.directory), REUSE_FILES, REUSE_MIN_BYTES, mapped
         )

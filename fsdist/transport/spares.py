@@ -33,7 +33,7 @@ from ..files.io import open_file, retrying, unlink_quietly, write_all
 from ..files.mapped import MappedFiles
 from ..protocol import layout
 
-__all__ = ["SpareFile", "SparePool", "copy_bytes"]
+__all__ = ["SpareFile", "SparePool", "torch_copy"]
 
 _TORCH_COPY_MIN = 64 << 10
 
@@ -95,7 +95,7 @@ class SpareFile:
             unlink_quietly(self.path)
 
 
-def copy_bytes(dest: memoryview, source: memoryview) -> None:
+def torch_copy(dest: memoryview, source: memoryview) -> None:
     """A copy between buffers for kept mappings (files/mapped.py): large ones by torch, which lets
     go of the GIL (a slice assignment would hold it for the whole memcpy, stalling this
     process's receive thread meanwhile) and uses the intra-op threads."""
