@@ -15,7 +15,7 @@ import textwrap
 import pytest
 
 from fsdist.cli.bench import report
-from fsdist.cli.bench.plan import Plan, iterations, parse_size
+from fsdist.cli.bench.plan import Iterations, Plan, iterations, parse_size
 from fsdist.fs.contention import measure
 
 
@@ -143,11 +143,29 @@ def test_summary_takes_the_slowest_rank_per_iteration() -> None:
     assert not row.verified and "rank 0" in (row.error or "")
 
 
+def test_cells_timed_in_a_slow_phase_are_marked() -> None:
+    def cell(op: str, backend: str, probes: list[float]) -> dict:
+        return {"op": op, "nbytes": 8, "backend": backend, "cpu": 0.1, "error": None, "times": [1e-4], "probes": probes}
+
+    ranks = [  # rank 0 probes; the other rank's lists stay empty
+        [cell("all_reduce", "fsdist", [1e-3, 1.1e-3]), cell("all_reduce", "gloo", [1e-3]),
+         cell("broadcast", "fsdist", [1e-3]), cell("broadcast", "gloo", [1e-3, 2e-3])],
+        [cell("all_reduce", "fsdist", []), cell("all_reduce", "gloo", []),
+         cell("broadcast", "fsdist", []), cell("broadcast", "gloo", [])],
+    ]  # fmt: skip
+    rows = report.summarise(2, ranks)
+    assert [(r.probe_fastest_s, r.probe_s) for r in rows[:2]] == [(1e-3, 1.1e-3), (1e-3, 1e-3)]
+    lines = report.table(rows).splitlines()
+    assert lines[2].endswith(" ok") and lines[3].endswith(" ok slow")  # 2 ms: twice the fastest round
+    assert "1 of 2 cells had a round at" in lines[-1] and "fastest 1.00 ms" in lines[-1]
+
+
 def test_plan_sizes_and_iterations() -> None:
     assert [parse_size(s) for s in ("8", "1K", "64KiB", "16M", "1G")] == [8, 1024, 65536, 16 << 20, 1 << 30]
-    assert iterations(8, "small") == (2, 3) and iterations(8, "40") == (4, 40)
-    warm, timed = iterations(64 << 20, "default")
-    assert 1 <= warm and 1 <= timed <= iterations(8, "default")[1]
+    assert iterations(8, "small") == Iterations(2, 3, 1) and iterations(8, "40") == Iterations(4, 40, 1)
+    assert iterations(8, "500") == Iterations(50, 100, 5)  # a count of 100+ is split into turns
+    large, small = iterations(64 << 20, "default"), iterations(8, "default")
+    assert 1 <= large.warmup and 1 <= large.timed <= small.timed and small.rounds > 1
     plan = Plan(ops=["barrier", "all_reduce"], sizes=[8, 1024], backends=["fsdist"])
     assert plan.cells() == [("all_reduce", 8), ("all_reduce", 1024), ("barrier", 0)]
 

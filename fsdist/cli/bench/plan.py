@@ -35,23 +35,45 @@ def format_size(nbytes: int) -> str:
     return str(nbytes)
 
 
-def iterations(nbytes: int, mode: str) -> tuple[int, int]:
-    """(warm-up, timed) iterations for one cell: many for small messages, few for 64 MiB.
+@dataclass(frozen=True)
+class Iterations:
+    """How one cell runs: ``warmup`` untimed calls per backend, then ``rounds`` rounds of
+    ``per_round`` timed calls, the backends taking turns within each round."""
+
+    warmup: int
+    per_round: int
+    rounds: int = 1
+
+    @property
+    def timed(self) -> int:
+        return self.per_round * self.rounds
+
+
+def iterations(nbytes: int, mode: str) -> Iterations:
+    """The iterations of one cell: many for small messages, few for 64 MiB.
 
     ``mode`` is ``default``, ``small`` (a smoke test: a handful each) or a fixed count.
+    Small cells take turns in rounds: this VM's speed drifts in phases of ~0.1-1 s (a 4-rank
+    8-byte all_reduce, back to back, 330-630 µs per op from one 250-op window to the next), and
+    one block of fsdist followed by one of Gloo, each ~0.1 s, let the ratio swing with the
+    phase either block fell in (4 ranks: 0.71-1.42× in six runs). Taking turns spreads both
+    backends over the same phases.
     """
     if mode == "small":
-        return 2, 3
+        return Iterations(2, 3)
     if mode != "default":
         count = int(mode)
-        return max(1, count // 10), count
+        rounds = 5 if count >= 100 and count % 5 == 0 else 1
+        return Iterations(max(1, count // 10), count // rounds, rounds)
+    if nbytes <= 64 << 10:
+        return Iterations(20, 100, 5)
     if nbytes <= 1 << 20:
         # 50 iterations of a 1 MiB op (~25 ms) let one scheduler hiccup on a small VM set the
         # p50: all_to_all 1M measured 0.24-1.33x Gloo in four such runs, 0.84-1.43x at 300
-        return 10, 200
+        return Iterations(10, 50, 4)
     if nbytes <= 16 << 20:
-        return 2, 12
-    return 2, 6
+        return Iterations(2, 12)
+    return Iterations(2, 6)
 
 
 @dataclass

@@ -21,42 +21,73 @@ import torch.distributed as dist
 
 from ...defaults import ENV_ALGO
 from . import fscalls
-from .ops import make_case
+from .ops import Case, make_case
 from .plan import Plan, iterations
 
 #: iterations run again while counting filesystem calls (after the timed ones)
 COUNTED_ITERS = 100
+#: turns of the CPU-speed probe's loop (~0.4 ms of one core here, ~0.8 ms in a slow phase)
+PROBE_TURNS = 15_000
 
 
-def run_cell(op: str, nbytes: int, plan: Plan, group: dist.ProcessGroup) -> dict[str, Any]:
-    """Warm up (the first call is verified), then time ``iters`` back-to-back calls."""
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    case = make_case(op, nbytes, rank, world, group)
-    warmup, iters = iterations(nbytes, plan.iters)
-    case.run()
-    problem = case.check()
-    case.reset()
-    for _ in range(warmup - 1):
+def speed_probe() -> float:
+    """CPU seconds of a fixed pure-Python loop: this machine's speed for fsdist's own code.
+
+    This VM runs Python at two speeds in phases of ~0.2-2 s (the same loop: 12 or 23 ms), and
+    fsdist, whose small operations are Python, slows with it where Gloo's C++ barely does.
+    Thread CPU time, so a rank waiting for a core does not count as a slow one."""
+    start = time.thread_time()
+    total = 0
+    for turn in range(PROBE_TURNS):
+        total += turn * turn
+    return time.thread_time() - start
+
+
+def run_cells(
+    op: str, nbytes: int, plan: Plan, groups: dict[str, dist.ProcessGroup], order: list[str]
+) -> list[dict[str, Any]]:
+    """One cell for each backend of ``order``: warm up (the first call is verified), then time
+    back-to-back calls in rounds, the backends taking turns (plan.iterations says why)."""
+    its = iterations(nbytes, plan.iters)
+    cases: dict[str, Case] = {}
+    results: dict[str, dict[str, Any]] = {}
+    for backend in order:
+        group = groups[backend]
+        case = make_case(op, nbytes, dist.get_rank(group), dist.get_world_size(group), group)
         case.run()
-    dist.barrier(group=group)
-    cpu0 = time.process_time()
-    start = time.perf_counter()
-    ends = []
-    for _ in range(iters):
-        case.run()
-        ends.append(time.perf_counter())
-    cpu = time.process_time() - cpu0
-    # back-to-back calls: iteration i took from the end of i-1 to its own end
-    times = [b - a for a, b in zip([start, *ends[:-1]], ends, strict=True)]
-    # filesystem calls in a pass of their own, so counting costs the timed calls nothing
-    counted = min(iters, COUNTED_ITERS)
-    dist.barrier(group=group)
-    with fscalls.counting(os.environ.get("FSDIST_LOCAL_DIR") if plan.nodes else None) as counts:
-        for _ in range(counted):
+        problem = case.check()
+        case.reset()
+        for _ in range(its.warmup - 1):
             case.run()
-    fs_calls = {kind: n / counted for kind, n in counts.items()}
-    return {"op": op, "nbytes": case.nbytes, "requested": nbytes, "times": times, "cpu": cpu, "error": problem,
-            "fs_calls": fs_calls}  # fmt: skip
+        cases[backend] = case
+        results[backend] = {"op": op, "nbytes": case.nbytes, "requested": nbytes, "times": [], "cpu": 0.0,
+                            "error": problem, "probes": []}  # fmt: skip
+    for _ in range(its.rounds):
+        for backend in order:
+            case, result = cases[backend], results[backend]
+            if dist.get_rank() == 0:  # (the others wait in the barrier meanwhile: a core to itself)
+                result["probes"].append(speed_probe())
+            dist.barrier(group=groups[backend])
+            case.run()  # untimed: it absorbs the ranks leaving the barrier apart
+            cpu0 = time.process_time()
+            start = time.perf_counter()
+            ends = []
+            for _ in range(its.per_round):
+                case.run()
+                ends.append(time.perf_counter())
+            result["cpu"] += time.process_time() - cpu0
+            # back-to-back calls: iteration i took from the end of i-1 to its own end
+            result["times"] += [b - a for a, b in zip([start, *ends[:-1]], ends, strict=True)]
+    for backend in order:
+        # filesystem calls in a pass of their own, so counting costs the timed calls nothing
+        counted = min(its.timed, COUNTED_ITERS)
+        dist.barrier(group=groups[backend])
+        with fscalls.counting(os.environ.get("FSDIST_LOCAL_DIR") if plan.nodes else None) as counts:
+            for _ in range(counted):
+                cases[backend].run()
+        results[backend]["fs_calls"] = {kind: n / counted for kind, n in counts.items()}
+        results[backend]["backend"] = backend
+    return [results[backend] for backend in order]
 
 
 def blocked_cpu(group: dist.ProcessGroup, seconds: float = 1.0) -> float:
@@ -102,10 +133,7 @@ def main(plan_path: str, out_path: str) -> int:
     cells = plan.cells()
     for index, (op, nbytes) in enumerate(cells):
         order = plan.backends if index % 2 == 0 else list(reversed(plan.backends))
-        for backend in order:
-            cell = run_cell(op, nbytes, plan, groups[backend])
-            cell["backend"] = backend
-            results.append(cell)
+        results += run_cells(op, nbytes, plan, groups, order)
         if dist.get_rank() == 0:  # the parent echoes these lines while it waits: the sweep's progress
             _progress(f"[{index + 1}/{len(cells)}] {op} {nbytes} B done")
     blocked = {backend: blocked_cpu(group) for backend, group in groups.items()}

@@ -41,6 +41,9 @@ class Row:
     fs_calls_by_kind: dict[str, float]
     verified: bool
     error: str | None
+    #: rank 0's CPU-speed probe (rank.speed_probe) before this cell's slowest and fastest round (0: none)
+    probe_s: float = 0.0
+    probe_fastest_s: float = 0.0
 
 
 def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
@@ -54,6 +57,7 @@ def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
         p99 = float(np.percentile(slowest, 99, method="inverted_cdf"))  # nearest rank: a measured time
         algbw = first["nbytes"] / p50 / 1e9 if p50 > 0 else 0.0
         errors = [f"rank {r}: {c['error']}" for r, c in enumerate(cells) if c["error"]]
+        probes = [p for c in cells for p in c.get("probes", [])]
         rows.append(
             Row(
                 world=world,
@@ -70,6 +74,8 @@ def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
                 fs_calls_by_kind=_mean_counts([c.get("fs_calls", {}) for c in cells]),
                 verified=not errors,
                 error="; ".join(errors) or None,
+                probe_s=max(probes, default=0.0),
+                probe_fastest_s=min(probes, default=0.0),
             )
         )
     return rows
@@ -147,6 +153,7 @@ def _time(seconds: float) -> str:
 def table(rows: list[Row]) -> str:
     """The side-by-side table: per cell fsdist and Gloo, and Gloo time / fsdist time."""
     cells = _by_cell(rows)
+    fastest = min((r.probe_fastest_s for r in rows if r.probe_s > 0), default=0.0)
     header = (
         f"{'ranks':>5} {'op':<14} {'size':>5} | {'fsdist p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9}"
         f" {'fs/op':>6} | {'gloo p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9} | {'speedup':>7} {'mean':>6} ok"
@@ -167,14 +174,37 @@ def table(rows: list[Row]) -> str:
         speedup = f"{gl.p50_s / fs.p50_s:6.2f}×" if fs and gl and fs.p50_s > 0 else f"{'-':>7}"
         by_mean = f"{gl.mean_s / fs.mean_s:5.2f}×" if fs and gl and fs.mean_s > 0 else f"{'-':>6}"
         ok = all(r.verified for r in pair.values())
-        parts.append(f"{speedup} {by_mean} {'ok' if ok else 'FAILED'}")
+        slow = " slow" if fastest and max(r.probe_s for r in pair.values()) >= SLOW_FACTOR * fastest else ""
+        parts.append(f"{speedup} {by_mean} {'ok' if ok else 'FAILED'}{slow}")
         lines.append(" | ".join(parts))
     lines.append(
         "speedup = Gloo p50 / fsdist p50 (> 1: fsdist faster); mean = the same for the loop's mean time per op"
         " (slowest rank); busbw in GB/s; cpu/op per rank;"
         " fs/op = filesystem calls per op per rank, measured (doorbells and /proc aside: they stay on the machine)"
     )
+    if fastest:
+        lines.append(speed_summary(rows))
     return "\n".join(lines)
+
+
+#: a cell is marked ``slow`` where a round's probe took this many times the run's fastest
+SLOW_FACTOR = 1.4
+
+
+def speed_summary(rows: list[Row]) -> str:
+    """Whether the machine was quiet: how the CPU-speed probe varied, and how many cells it marked.
+
+    The acceptance of a benchmark wants a quiet machine; this says whether the run had one
+    (a VM whose Python speed halves in phases is not, and small fsdist cells suffer most)."""
+    probes = [r.probe_s for r in rows if r.probe_s > 0]
+    fastest = min(r.probe_fastest_s for r in rows if r.probe_s > 0)
+    cells = {(r.world, r.op, r.nbytes) for r in rows}
+    slow = {(r.world, r.op, r.nbytes) for r in rows if r.probe_s >= SLOW_FACTOR * fastest}
+    return (
+        f"CPU speed (rank 0, a fixed Python loop before each round): fastest {_time(fastest)}, "
+        f"p50 of cells' slowest rounds {_time(float(np.median(probes)))}, slowest {_time(max(probes))}; "
+        f"{len(slow)} of {len(cells)} cells had a round at ≥ {SLOW_FACTOR}× the fastest (marked slow)"
+    )
 
 
 def fs_calls_table(rows: list[Row]) -> str:
