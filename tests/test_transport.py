@@ -165,6 +165,36 @@ def test_a_point_to_point_area_torn_by_a_send_is_read_again_under_the_lock(tmp_p
     assert _received(receiver, 1, 0) == 1.0 and _received(receiver, 1, 1) == 2.0
 
 
+@pytest.mark.parametrize("tear", ["none", "torn", "more than sent"])
+def test_a_sender_reads_its_receivers_count_without_the_lock_unless_it_is_torn(
+    tmp_path, torn_reads, monkeypatch, tear
+) -> None:
+    """A sender that never receives from its receiver (a ring of 3+) reads its count anew once
+    its slots are in use: without the lock, and again under it when the count is torn or says
+    more was received than was sent."""
+    queued, _ = torn_reads
+    locked = []
+    real_read = LockedRecord.read
+    monkeypatch.setattr(LockedRecord, "read", lambda self, *a: locked.append(self.path) or real_read(self, *a))
+    receiver, sender = _transports(tmp_path)
+    for value in (1.0, 2.0):  # both slots of the pair
+        sender.send(0, [torch.tensor([value])], 0, "send float32[1]")
+    assert receiver.sent_to_me(1) == 2
+    assert _received(receiver, 1, 0) == 1.0 and _received(receiver, 1, 1) == 2.0
+    receiver.acknowledge(1, 2)  # (written at once: rank 0 never sends to rank 1)
+    locked.clear()
+    counters = _area(tmp_path, 0, 1)[: state_record.PAIR_COUNTERS_SIZE]
+    if tear == "torn":
+        queued.append(counters[:3] + bytes([counters[3] ^ 0xFF]) + counters[4:])
+    elif tear == "more than sent":
+        queued.append(state_record.encode_pair(0, 99))
+    sender.send(0, [torch.tensor([3.0])], 0, "send float32[1]")  # slot 0 again: is message 0 consumed?
+    reread = [path for path in locked if path.endswith("state.r0")]
+    assert len(reread) == (0 if tear == "none" else 1)
+    assert not any(name.startswith("p1-0") for name in os.listdir(tmp_path))  # inline: the slot was free
+    assert receiver.sent_to_me(1) == 3 and _received(receiver, 1, 2) == 3.0
+
+
 def test_mid_size_collective_messages_go_through_the_ring_and_its_space_is_reused(tmp_path) -> None:
     """Between a record slot and COLLECTIVE_RING_MAX, a message goes into its rank's ring file
     (one file for all of them, space reused once readers are past) and the slot says where."""

@@ -271,10 +271,24 @@ class Pairs:
         self._read_rings.clear()
 
     def _read_received_by(self, dst: int) -> int:
-        raw = self._progress.read_peer(
-            dst, state_record.pair_offset(self._progress.rank), state_record.PAIR_COUNTERS_SIZE
-        )
-        received = state_record.decode_pair(raw, self._progress.state_path(dst))[1]
+        """How many of this rank's messages ``dst`` has consumed, read from its pair area for us.
+
+        Optimistic groups read the counters without the lock first, as ``sent_to_me`` does: a
+        sender that never receives from ``dst`` (a ring of 3 or more) learns its count only
+        here, on nearly every send once its slots are in use (4-rank 8-byte ring: a locked read,
+        2 lock calls, per send). A read torn by ``dst``'s write fails the counters' CRC, and a
+        count above what was sent cannot be one: either is read again under the lock."""
+        offset, where = state_record.pair_offset(self._progress.rank), self._progress.state_path(dst)
+        received = -1
+        if self._progress.optimistic:
+            raw = self._progress.read_peer(dst, offset, state_record.PAIR_COUNTERS_SIZE, locked=False)
+            try:
+                received = state_record.decode_pair(raw, where)[1]
+            except ProtocolError:
+                received = -1
+        if not 0 <= received <= self._sent[dst]:
+            raw = self._progress.read_peer(dst, offset, state_record.PAIR_COUNTERS_SIZE)
+            received = state_record.decode_pair(raw, where)[1]
         self._received_by[dst] = max(self._received_by[dst], received)
         return self._received_by[dst]
 
