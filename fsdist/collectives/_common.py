@@ -42,6 +42,12 @@ def scratch(like: torch.Tensor, slot: int = 0) -> torch.Tensor:
     return view
 
 
+def peers_from_next(rank: int, size: int) -> list[int]:
+    """Every other rank, from ``rank + 1`` round to ``rank − 1``: where every rank reads every
+    peer's message, each starts at a different one (not all at rank 0's file at once)."""
+    return [(rank + offset) % size for offset in range(1, size)]
+
+
 def read_part(
     t: CollectiveChannel, peer: int, step: int, part: int, dest: torch.Tensor, byte_offset: int | None = None
 ) -> None:
