@@ -9,6 +9,7 @@ the lock. These tests hand the reader torn bytes and check it recovers the writt
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -177,22 +178,51 @@ def test_a_sender_reads_its_receivers_count_without_the_lock_unless_it_is_torn(
     real_read = LockedRecord.read
     monkeypatch.setattr(LockedRecord, "read", lambda self, *a: locked.append(self.path) or real_read(self, *a))
     receiver, sender = _transports(tmp_path)
-    for value in (1.0, 2.0):  # both slots of the pair
-        sender.send(0, [torch.tensor([value])], 0, "send float32[1]")
-    assert receiver.sent_to_me(1) == 2
-    assert _received(receiver, 1, 0) == 1.0 and _received(receiver, 1, 1) == 2.0
-    receiver.acknowledge(1, 2)  # (written at once: rank 0 never sends to rank 1)
+    slots = state_record.P2P_SLOTS
+    for index in range(slots):  # every slot of the pair
+        sender.send(0, [torch.tensor([float(index)])], 0, "send float32[1]")
+    assert receiver.sent_to_me(1) == slots
+    assert [_received(receiver, 1, index) for index in range(slots)] == [float(i) for i in range(slots)]
+    receiver.acknowledge(1, slots)  # (written at once: rank 0 never sends to rank 1)
     locked.clear()
     counters = _area(tmp_path, 0, 1)[: state_record.PAIR_COUNTERS_SIZE]
     if tear == "torn":
         queued.append(counters[:3] + bytes([counters[3] ^ 0xFF]) + counters[4:])
     elif tear == "more than sent":
         queued.append(state_record.encode_pair(0, 99))
-    sender.send(0, [torch.tensor([3.0])], 0, "send float32[1]")  # slot 0 again: is message 0 consumed?
+    sender.send(0, [torch.tensor([7.0])], 0, "send float32[1]")  # slot 0 again: is message 0 consumed?
     reread = [path for path in locked if path.endswith("state.r0")]
     assert len(reread) == (0 if tear == "none" else 1)
     assert not any(name.startswith("p1-0") for name in os.listdir(tmp_path))  # inline: the slot was free
-    assert receiver.sent_to_me(1) == 3 and _received(receiver, 1, 2) == 3.0
+    assert receiver.sent_to_me(1) == slots + 1 and _received(receiver, 1, slots) == 7.0
+
+
+def test_in_a_ring_of_three_the_count_for_the_previous_rank_rides_with_the_send_to_the_next(
+    tmp_path, monkeypatch
+) -> None:
+    """No rank sends to the rank it receives from: the count it owes that rank is written with
+    its next send (one locked write per round, one write range over both pair areas), and the
+    sender, reading it one round late, still finds a slot free (no file)."""
+    ranks = [GroupTransport(str(tmp_path), rank, 3, _AliveWatch(), 5.0, one_client=True) for rank in range(3)]
+    writes: list[str] = []
+    real_write = LockedRecord.write
+    monkeypatch.setattr(LockedRecord, "write", lambda self, *a: writes.append(self.path) or real_write(self, *a))
+    rounds = 3 * state_record.P2P_SLOTS
+    for turn in range(rounds):
+        for rank, transport in enumerate(ranks):
+            transport.send((rank + 1) % 3, [torch.tensor([float(10 * turn + rank)])], 0, "send float32[1]")
+        for rank, transport in enumerate(ranks):
+            src = (rank - 1) % 3
+            assert transport.sent_to_me(src) == turn + 1
+            assert _received(transport, src, turn) == 10 * turn + src
+            transport.acknowledge(src, turn + 1)
+    assert sorted(writes) == sorted(f"{tmp_path}/state.r{rank}" for rank in range(3) for _ in range(rounds))
+    assert not [name for name in os.listdir(tmp_path) if re.fullmatch(r"p\d+-\d+\.\d+", name)]
+    owed = lambda rank: state_record.decode_pair(_area(tmp_path, rank, (rank - 1) % 3))[1]  # noqa: E731
+    assert [owed(rank) for rank in range(3)] == [rounds - 1] * 3  # the last count still held back
+    for transport in ranks:
+        transport.pairs.flush_acknowledgements()  # (as before a wait)
+    assert [owed(rank) for rank in range(3)] == [rounds] * 3
 
 
 def test_mid_size_collective_messages_go_through_the_ring_and_its_space_is_reused(tmp_path) -> None:

@@ -89,7 +89,7 @@ __all__ = [
 
 _HEADER = struct.Struct("<4sHHqIH2xQ")
 _MAGIC = b"FSST"
-VERSION = 4
+VERSION = 5
 _DESCRIPTION_OFFSET = 32
 DESCRIPTION_MAX = 220
 _CRC = struct.Struct("<I")
@@ -109,7 +109,7 @@ _PAIR = struct.Struct("<qqI4x")
 PAIR_COUNTERS_SIZE = _PAIR.size
 _PAIR_VALUES = struct.Struct("<qq")  # what the counters' CRC covers
 #: Inline slots per pair area (messages to one peer in the record at once), and their size.
-P2P_SLOTS = 2
+P2P_SLOTS = 4
 P2P_SLOT_BYTES = INLINE_SLOT_BYTES
 #: A pair area: the two counters, then the slots.
 PAIR_AREA = _PAIR.size + P2P_SLOTS * P2P_SLOT_BYTES

@@ -30,7 +30,13 @@ from .progress import Progress
 from .retention import Retention
 from .rings import SendRing
 
-__all__ = ["Pairs"]
+__all__ = ["RIDE_AREAS", "Pairs"]
+
+#: A send carries the counts held back for peers whose pair areas lie fewer than this many
+#: areas from its receiver's: one write of at most 2 areas and a count (~16 KiB), the areas
+#: between rewritten as they are, instead of a locked write of its own for each count (a ring
+#: of 3 or 4: every rank's previous rank lies within 2 areas of its next one).
+RIDE_AREAS = 3
 
 
 class Pairs:
@@ -100,10 +106,26 @@ class Pairs:
     def _put_in_slot(self, dst: int, index: int, encoded: bytes) -> None:
         """Write ``encoded`` (a message, or where it lies in the ring) into its slot, with the counters."""
         with self._area_lock:
-            area = self._areas[dst]
             received = self._received_to_write(dst)
-            end = state_record.put_p2p(area, index + 1, received, index, encoded)
-            self._progress.write_own(bytes(area[:end]), state_record.pair_offset(dst))
+            self._write_area(dst, state_record.put_p2p(self._areas[dst], index + 1, received, index, encoded))
+
+    def _write_area(self, dst: int, end: int) -> None:
+        """Write ``dst``'s area image through ``end``, and in the same write the counts held back
+        for peers whose areas lie within RIDE_AREAS of it (the area lock is held).
+
+        One write from the first area to the last: the areas between are rewritten as this
+        rank last wrote them (it is their only writer), so what changes is only the counters."""
+        riding = [src for src in self._ack_due if abs(src - dst) < RIDE_AREAS]
+        if not riding:
+            self._progress.write_own(bytes(self._areas[dst][:end]), state_record.pair_offset(dst))
+            return
+        for src in riding:
+            counters = state_record.encode_pair(self._counters_written(src)[0], self._ack_due.pop(src))
+            self._areas[src][: len(counters)] = counters
+        first, last = min(dst, *riding), max(dst, *riding)
+        image = b"".join(self._areas[peer] for peer in range(first, last))
+        image += self._areas[last][: end if last == dst else state_record.PAIR_COUNTERS_SIZE]
+        self._progress.write_own(image, state_record.pair_offset(first))
 
     def _send_ring(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> bool:
         """Put a mid-size message into the ring for ``dst`` and where it lies into its slot (local
@@ -133,7 +155,9 @@ class Pairs:
         if spare is not None:
             spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
         with self._area_lock:
-            self._write_counters(dst, index + 1, self._received_to_write(dst))
+            counters = state_record.encode_pair(index + 1, self._received_to_write(dst))
+            self._areas[dst][: len(counters)] = counters
+            self._write_area(dst, len(counters))
 
     def sent_to_me(self, src: int) -> int:
         """How many messages ``src`` has sent to this rank (reading its whole pair area for us).
@@ -172,23 +196,27 @@ class Pairs:
         return inline
 
     def acknowledge(self, src: int, received: int) -> None:
-        """Count ``src``'s messages consumed. To a peer this rank sends to as well, the count is
-        written with the next send to it, or on its own when a second one is due, before this
-        rank waits, or enters a collective; to others at once.
+        """Count ``src``'s messages consumed. Where this rank sends to ``src``, or to a peer
+        whose pair area lies within RIDE_AREAS of its, the count is written with the next such
+        send, or on its own when a second one is due, before this rank waits, or enters a
+        collective; otherwise at once.
 
         Why late: in a ping-pong or a ring of two the reply is the next write of the same pair
         area, and carries the count with it (2-rank 8-byte send/recv ring: one locked write per
-        iteration instead of two). A sender needs the count only to reuse a slot or ring space
-        (without it: a file) and, blocking, past MAX_UNRECEIVED_SENDS; held back by at most one
-        message, and never while this rank could wait for that sender, the cap is one lower in
-        effect and nothing can deadlock on it. A peer this rank never sends to (a ring of 4:
-        the previous rank) would find its slots taken and send files: it is counted at once.
+        iteration instead of two); in a ring of 3 or 4 the send to the next rank carries the
+        count for the previous one in the same write (``_write_area``). A sender needs the count
+        only to reuse a slot or ring space (without it: a file) and, blocking, past
+        MAX_UNRECEIVED_SENDS; held back by at most one message, and never while this rank could
+        wait for that sender, the cap is one lower in effect and nothing can deadlock on it.
+        Held back for a peer whose count no send carries (the previous rank of a larger ring),
+        it would reach the sender only when this rank waits: the sender found its slots taken
+        and sent files. Those are counted at once.
         """
         with self._area_lock:
-            if self._sent[src] == 0:
-                self._write_counters(src, self._counters_written(src)[0], received)
-            elif src in self._ack_due:
-                del self._ack_due[src]
+            near = range(max(0, src - RIDE_AREAS + 1), min(len(self._sent), src + RIDE_AREAS))
+            carried = any(self._sent[peer] > 0 for peer in near)
+            if src in self._ack_due or not carried:
+                self._ack_due.pop(src, None)
                 self._write_counters(src, self._counters_written(src)[0], received)
             else:
                 self._ack_due[src] = received
