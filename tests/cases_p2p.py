@@ -340,6 +340,39 @@ def held_back_counts_never_block_a_capped_sender() -> list[str]:
     return failures
 
 
+def held_back_counts_of_an_irecv_reach_a_capped_sender() -> list[str]:
+    """Rank 1 has sent to a peer near rank 0 (pairs.acknowledge: its counts of rank 0's messages
+    may ride with a later send), posts an irecv from rank 0 and enters a barrier before the
+    irecv is matched: the receive loop's thread matches it while rank 1 waits in the barrier,
+    and holds the count back. Rank 0's MAX_UNRECEIVED_SENDS + 1-th send needs that count, and
+    rank 1 needs rank 0 in the barrier: the receive thread must write the count on its own
+    (within its tick), or both wait until the timeout. Then the rest, every value checked."""
+    from fsdist.defaults import MAX_UNRECEIVED_SENDS
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    other = (1 + 1) % world  # rank 2, or rank 0 itself in a world of 2
+    failures: list[str] = []
+    if rank == 1:
+        dist.send(torch.ones(1), other)
+    elif rank == other:
+        dist.recv(torch.zeros(1), 1)
+    got = torch.zeros(1)
+    if rank == 0:
+        for i in range(MAX_UNRECEIVED_SENDS + 1):
+            dist.send(torch.tensor([float(i)]), 1)
+    elif rank == 1:
+        first = dist.irecv(got, 0)
+    dist.barrier()
+    if rank == 1:
+        first.wait()
+        failures += [] if got.item() == 0.0 else [f"#0: {got.item()}"]
+        for i in range(1, MAX_UNRECEIVED_SENDS + 1):
+            dist.recv(got, 0)
+            failures += [] if got.item() == float(i) else [f"#{i}: {got.item()}"]
+    dist.barrier()
+    return failures
+
+
 def send_cap(count: int) -> list[int]:
     """Rank 0 sends `count` messages before rank 1 receives any: the sender must stop at the
     cap of unreceived messages (files stay bounded) and go on once receives start."""

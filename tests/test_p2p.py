@@ -22,7 +22,7 @@ def _no_failures(results: list[list[str]]) -> None:
      cases.mid_size_messages_out_of_order_every_byte_checked, cases.large_messages_come_back_through_kept_mappings,
      cases.any_source, cases.irecv_does_not_block_collectives,
      cases.batch_exchange, cases.bad_peers, cases.sends_are_buffered,
-     cases.held_back_counts_never_block_a_capped_sender],
+     cases.held_back_counts_never_block_a_capped_sender, cases.held_back_counts_of_an_irecv_reach_a_capped_sender],
     ids=lambda f: f.__name__,
 )  # fmt: skip
 def test_p2p(pool_factory, case, world: int) -> None:

@@ -225,6 +225,22 @@ def test_in_a_ring_of_three_the_count_for_the_previous_rank_rides_with_the_send_
     assert [owed(rank) for rank in range(3)] == [rounds] * 3
 
 
+def test_a_count_riding_past_another_peers_area_leaves_its_unread_message_whole(tmp_path) -> None:
+    """Rank 3's send to rank 0 carries its count for rank 2 in one write over the areas for
+    ranks 0-2: the area for rank 1 between them, holding a message rank 1 has not read yet, is
+    rewritten as rank 3 wrote it."""
+    ranks = [GroupTransport(str(tmp_path), rank, 4, _AliveWatch(), 5.0, one_client=True) for rank in range(4)]
+    ranks[3].send(1, [torch.tensor([11.0])], 0, "send float32[1]")  # unread until the end
+    ranks[2].send(3, [torch.tensor([23.0])], 0, "send float32[1]")
+    assert ranks[3].sent_to_me(2) == 1 and _received(ranks[3], 2, 0) == 23.0
+    ranks[3].acknowledge(2, 1)  # held back: rank 3 sends to rank 1, whose area lies next to rank 2's
+    assert state_record.decode_pair(_area(tmp_path, 3, 2))[1] == 0
+    ranks[3].send(0, [torch.tensor([30.0])], 0, "send float32[1]")
+    assert state_record.decode_pair(_area(tmp_path, 3, 2))[1] == 1  # rode with the send to rank 0
+    assert ranks[0].sent_to_me(3) == 1 and _received(ranks[0], 3, 0) == 30.0
+    assert ranks[1].sent_to_me(3) == 1 and _received(ranks[1], 3, 0) == 11.0
+
+
 def test_mid_size_collective_messages_go_through_the_ring_and_its_space_is_reused(tmp_path) -> None:
     """Between a record slot and COLLECTIVE_RING_MAX, a message goes into its rank's ring file
     (one file for all of them, space reused once readers are past) and the slot says where."""

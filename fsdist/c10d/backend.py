@@ -142,6 +142,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 staging = Staging()
                 with torch.no_grad():
                     if tiered is not None and self._tiers is not None:
+                        self._t.flush_acknowledgements()  # (the flat transport's enter does it otherwise)
                         self._tiers.enter(seq, description)
                         tiered(self._tiers, staging)
                     else:

@@ -136,9 +136,16 @@ class ReceiveLoop:
         return True
 
     def _next_turn(self) -> bool:
-        """Sleep until some receive has waited ``handoff`` with no caller matching; False: closing."""
-        with self._cond:
-            while True:
+        """Sleep until some receive has waited ``handoff`` with no caller matching; False: closing.
+
+        Each turn first writes the counts of consumed messages held back to ride with a later
+        send (pairs.acknowledge): whatever this rank does next (a collective, work of its own,
+        another library's barrier), a sender at its cap waiting for one gets it within a tick
+        (≤ MAX_TICK_SECONDS while receives are posted or matched), or before the thread idles.
+        """
+        while True:
+            self._mailbox.flush_acknowledgements()  # (outside the lock: a write)
+            with self._cond:
                 now = time.monotonic()
                 timeout: float | None
                 if self._closing:

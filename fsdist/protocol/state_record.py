@@ -6,7 +6,7 @@ an older slot beside a newer header, and is read again under the lock: transport
 
     offset  size  field
     0       4     magic b"FSST"
-    4       2     version (4), little-endian like every field
+    4       2     version (5), little-endian like every field
     6       2     flags: bit 0 = the rank closed the group; bit 1 = it aborted the group
     8       8     seq: the operation the rank is in (int64; 0 before the first)
     16      4     step: the last step of it the rank announced (uint32)
@@ -16,12 +16,12 @@ an older slot beside a newer header, and is read again under the lock: transport
     32      220   the operation's description, UTF-8, zero-padded (describe.py's text)
     252     4     CRC-32 of bytes 0-251
     256     4·2K  INLINE_SLOTS inline slots of INLINE_SLOT_BYTES each (below)
-    8448    N·4K+ a pair area per peer p (PAIR_AREA bytes, at pair_offset(p)), for point to point:
+    8448    N·8K+ a pair area per peer p (PAIR_AREA bytes, at pair_offset(p)), for point to point:
                     +0   8     sent: how many messages this rank has sent to p (int64)
                     +8   8     received: how many of p's messages this rank has consumed
                     +16  4     CRC-32 of the two counters (all 24 bytes zero: never written)
                     +20  4     zero
-                    +24  2·2K  P2P_SLOTS inline slots for small messages to p (index i in slot
+                    +24  4·2K  P2P_SLOTS inline slots for small messages to p (index i in slot
                                i mod P2P_SLOTS; the slot header's seq is the index, step 0)
 
 An inline slot carries one small collective message inside the record, so publishing it is one

@@ -208,6 +208,9 @@ class GroupTransport:
     def wait_for_sends(self, seconds: float) -> None:
         self.pairs.wait_for_sends(seconds)
 
+    def flush_acknowledgements(self) -> None:
+        self.pairs.flush_acknowledgements()
+
     def spin_for_sends(self, seconds: float) -> bool:
         return self.pairs.spin_for_sends(seconds)
 

@@ -119,6 +119,10 @@ class PointToPointChannel(Protocol):
     def wait_for_sends(self, seconds: float) -> None:
         """Sleep up to ``seconds``, less if a message arrives meanwhile."""
 
+    def flush_acknowledgements(self) -> None:
+        """Write the counts ``acknowledge`` held back to ride with a later send: a sender at its
+        cap of unreceived messages may be waiting for one (cheap when none is held)."""
+
     def spin_for_sends(self, seconds: float) -> bool:
         """Busy-wait up to ``seconds`` for a message's arrival where a core is free for it (else
         return False at once); True if one may have arrived."""

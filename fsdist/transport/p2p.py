@@ -62,6 +62,10 @@ class Mailbox:
         """Whether every peer's send ends a ``sleep`` at once (so a sleep may be long)."""
         return self._t.sends_ring()
 
+    def flush_acknowledgements(self) -> None:
+        """Write the counts of consumed messages held back to ride with a later send."""
+        self._t.flush_acknowledgements()
+
     def spin(self, seconds: float) -> bool:
         """Busy-wait up to ``seconds`` for a send's ring where cores allow; True if one came."""
         return self._t.spin_for_sends(seconds)

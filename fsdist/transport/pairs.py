@@ -1,7 +1,7 @@
 """Point-to-point messages between pairs of ranks: numbered per pair, counted in the records.
 
 Sends are buffered. Each rank's state record has a pair area per peer (state_record.py): the
-count of messages sent to that peer, the count of its messages consumed, and two inline slots.
+count of messages sent to that peer, the count of its messages consumed, and four inline slots.
 A small message goes into the slot of its index, written with both counters in one locked
 write; a larger one (or one whose slot still holds an unconsumed message) is published as
 ``p<src>-<dst>.<index>`` first, then the counter is raised. The receiver reads the sender's
@@ -32,10 +32,10 @@ from .rings import SendRing
 
 __all__ = ["RIDE_AREAS", "Pairs"]
 
-#: A send carries the counts held back for peers whose pair areas lie fewer than this many
-#: areas from its receiver's: one write of at most 2 areas and a count (~16 KiB), the areas
-#: between rewritten as they are, instead of a locked write of its own for each count (a ring
-#: of 3 or 4: every rank's previous rank lies within 2 areas of its next one).
+#: A send carries the counts held back for peers whose pair areas lie near its receiver's, in
+#: one write spanning fewer than this many areas (at most 2 whole areas and a count, ~16 KiB;
+#: the areas between rewritten as they are) instead of a locked write of its own for each
+#: count (a ring of 3 or 4: every rank's previous rank lies within 2 areas of its next one).
 RIDE_AREAS = 3
 
 
@@ -111,18 +111,23 @@ class Pairs:
 
     def _write_area(self, dst: int, end: int) -> None:
         """Write ``dst``'s area image through ``end``, and in the same write the counts held back
-        for peers whose areas lie within RIDE_AREAS of it (the area lock is held).
+        for peers whose areas lie near it, the write spanning fewer than RIDE_AREAS areas (the
+        area lock is held).
 
         One write from the first area to the last: the areas between are rewritten as this
         rank last wrote them (it is their only writer), so what changes is only the counters."""
-        riding = [src for src in self._ack_due if abs(src - dst) < RIDE_AREAS]
+        first = last = dst
+        riding = []
+        for src in sorted(self._ack_due, key=lambda peer: abs(peer - dst)):  # nearest first
+            if max(last, src) - min(first, src) < RIDE_AREAS:
+                riding.append(src)
+                first, last = min(first, src), max(last, src)
         if not riding:
             self._progress.write_own(bytes(self._areas[dst][:end]), state_record.pair_offset(dst))
             return
         for src in riding:
             counters = state_record.encode_pair(self._counters_written(src)[0], self._ack_due.pop(src))
             self._areas[src][: len(counters)] = counters
-        first, last = min(dst, *riding), max(dst, *riding)
         image = b"".join(self._areas[peer] for peer in range(first, last))
         image += self._areas[last][: end if last == dst else state_record.PAIR_COUNTERS_SIZE]
         self._progress.write_own(image, state_record.pair_offset(first))
@@ -206,8 +211,10 @@ class Pairs:
         iteration instead of two); in a ring of 3 or 4 the send to the next rank carries the
         count for the previous one in the same write (``_write_area``). A sender needs the count
         only to reuse a slot or ring space (without it: a file) and, blocking, past
-        MAX_UNRECEIVED_SENDS; held back by at most one message, and never while this rank could
-        wait for that sender, the cap is one lower in effect and nothing can deadlock on it.
+        MAX_UNRECEIVED_SENDS; held back by at most one message, written before this rank waits
+        in fsdist and by the receive loop's thread within a tick whatever it does (even
+        blocked in another library: receives.ReceiveLoop._next_turn), the cap is one lower in
+        effect and nothing can deadlock on it.
         Held back for a peer whose count no send carries (the previous rank of a larger ring),
         it would reach the sender only when this rank waits: the sender found its slots taken
         and sent files. Those are counted at once.
