@@ -38,7 +38,7 @@ from ..transport.group import GroupTransport
 from ..transport.p2p import Mailbox, PendingReceive
 from ..transport.tiers import NodeTiers
 from . import call_forms as forms
-from . import checks
+from . import checks, compat
 from .compat import unwrap_store
 from .debug import enabled as debug_enabled
 from .debug import log_op, tensor_bytes
@@ -140,7 +140,9 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             error = ""
             try:
                 staging = Staging()
-                with torch.no_grad():
+                grad = torch.is_grad_enabled()
+                compat.set_grad_enabled(False)  # as torch.no_grad(): in-place writes into leaves
+                try:
                     if tiered is not None and self._tiers is not None:
                         self._t.flush_acknowledgements()  # (the flat transport's enter does it otherwise)
                         self._tiers.enter(seq, description)
@@ -149,6 +151,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                         self._t.enter(seq, description)
                         run(staging)
                     staging.finish()
+                finally:
+                    compat.set_grad_enabled(grad)
             except BaseException as exc:
                 error = f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, OSError) and not isinstance(exc, FsdistError):  # FsdistTimeoutError is one
@@ -196,10 +200,14 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             work = FsdistWork(list(tensors), "all_reduce sparse")
             work.complete()
             return work
-        return self.allreduce_coalesced(tensors, opts, name="all_reduce")
+        return self._allreduce(tensors, opts, "all_reduce")
 
-    def allreduce_coalesced(self, tensors: Tensors, opts: Any = None, name: str = "all_reduce_coalesced") -> FsdistWork:
+    def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
         tensors, opts = forms.allreduce(tensors, opts, dist.AllreduceCoalescedOptions)
+        return self._allreduce(tensors, opts, "all_reduce_coalesced")
+
+    def _allreduce(self, tensors: list[torch.Tensor], opts: Any, name: str) -> FsdistWork:
+        """Both all_reduce forms, their arguments in c10d's one form already."""
         reduction = reduction_of(opts.reduceOp, tensors)
         desc = describe(name, tensors, reduction=reduction)
 

@@ -6,10 +6,16 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 # ``torch.distributed.rendezvous`` the attribute is a function; the module must be fetched by name.
 _rendezvous = importlib.import_module("torch.distributed.rendezvous")
+
+
+#: turning autograd off and on for one thread, as ``torch.no_grad`` does, without its three
+#: Python-level calls per operation (``torch._C._set_grad_enabled``)
+set_grad_enabled: Callable[[bool], None] = torch._C._set_grad_enabled
 
 
 def backend_registered(name: str) -> bool:

@@ -23,7 +23,12 @@ import os
 
 import torch
 
-__all__ = ["limit_this_thread", "limited"]
+__all__ = ["SERIAL_BYTES", "limit_this_thread", "limited"]
+
+#: An operation of fewer bytes (inputs and outputs) never reaches torch's intra-op threads: a
+#: parallel_for splits its range only above at::internal::GRAIN_SIZE, 32768 elements. A caller
+#: running such an operation itself skips ``limited`` (two ctypes calls into OpenMP, ~1-2 µs).
+SERIAL_BYTES = 32 << 10
 
 _RUNTIMES = ("libgomp", "libiomp5", "libomp")
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ..defaults import HANDOFF_SECONDS, INLINE_RUN_BYTES, REDUCE_THREADS
 from ..errors import FsdistTimeoutError, GroupBrokenError
-from .intraop import limit_this_thread, limited
+from .intraop import SERIAL_BYTES, limit_this_thread, limited
 from .staging import Staging
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class FsdistWork(dist.Work):
         self._runner: _Runner | None = None  # set when its caller may run it
         self._claim_after = 0.0  # when the worker may take it (monotonic seconds)
         self._claimed = False
+        self._nbytes = 0  # its inputs' and outputs' bytes (OpQueue.submit)
         #: the name of the thread that ran the operation (the caller's or the group worker's)
         self.ran_on = ""
 
@@ -224,9 +225,12 @@ class OpQueue:
         self._on_error = on_error
         self._handoff = handoff
         self.broken: BaseException | None = None
-        lock = threading.Lock()
-        self._worker_cv = threading.Condition(lock)  # the worker sleeps here
-        self._caller_cv = threading.Condition(lock)  # callers wait here for an operation to end
+        #: the queue's state; both conditions share it (taken as itself: a Condition's ``with``
+        #: is a Python-level call, two per small operation)
+        self._lock = threading.Lock()
+        self._worker_cv = threading.Condition(self._lock)  # the worker sleeps here
+        self._caller_cv = threading.Condition(self._lock)  # callers wait here for an operation to end
+        self._callers_waiting = 0  # (on ``_caller_cv``)
         self._unstarted: deque[FsdistWork] = deque()
         self._running = False
         self._closing = False
@@ -239,12 +243,13 @@ class OpQueue:
     def submit(self, work: FsdistWork, run: Callable[[], None], nbytes: int = 0) -> FsdistWork:
         """Queue ``run`` as ``work``; its caller may run it in ``work.wait()`` if ``nbytes`` is small."""
         work._run = run
+        work._nbytes = nbytes
         now = time.monotonic()
         urgent = nbytes > INLINE_RUN_BYTES
         if not urgent:
             work._runner = self
         work._claim_after = now if urgent else now + self._handoff
-        with self._worker_cv:
+        with self._lock:
             self._unstarted.append(work)
             self._last_submit = now
             if urgent or self._worker_idle:
@@ -256,7 +261,7 @@ class OpQueue:
         unless the worker has them; returns once ``work`` is claimed by either side. (``seconds``
         is not a limit here: a started operation runs to its own deadline.)"""
         while True:
-            with self._caller_cv:
+            with self._lock:
                 while True:
                     if work._claimed:
                         return  # (the worker's, or run here already)
@@ -264,9 +269,16 @@ class OpQueue:
                     if not self._running and head._runner is self:
                         self._start(head)
                         break
-                    self._caller_cv.wait()  # the worker runs something (``_execute`` notifies)
-            with limited(REDUCE_THREADS):  # as on the worker (intraop.py)
-                self._execute(head)
+                    self._callers_waiting += 1
+                    try:
+                        self._caller_cv.wait()  # the worker runs something (``_execute`` notifies)
+                    finally:
+                        self._callers_waiting -= 1
+            if head._nbytes < SERIAL_BYTES:
+                self._execute(head)  # (no tensor work of its own would use a second thread)
+            else:
+                with limited(REDUCE_THREADS):  # as on the worker (intraop.py)
+                    self._execute(head)
 
     def _start(self, work: FsdistWork) -> None:
         """Claim the queue's head (the lock is held)."""
@@ -276,7 +288,7 @@ class OpQueue:
 
     def _next_for_worker(self) -> FsdistWork | None:
         """The operation the worker should run now, waiting for one (None: closing and done)."""
-        with self._worker_cv:
+        with self._lock:
             while True:
                 now = time.monotonic()
                 timeout: float | None
@@ -320,9 +332,10 @@ class OpQueue:
             else:
                 work.complete()
         finally:
-            with self._worker_cv:
+            with self._lock:
                 self._running = False
-                self._caller_cv.notify_all()  # a caller waiting for its turn (cheap when none waits)
+                if self._callers_waiting:  # (a Condition's notify is Python: skipped when nobody waits)
+                    self._caller_cv.notify_all()  # a caller waiting for its turn
                 if self._unstarted or self._closing:
                     self._worker_cv.notify()  # only then can the worker have anything to do
 
@@ -333,7 +346,7 @@ class OpQueue:
 
     def close(self) -> None:
         """Finish queued operations, then stop the thread."""
-        with self._worker_cv:
+        with self._lock:
             self._closing = True
             self._worker_cv.notify()
         self._thread.join()
