@@ -126,8 +126,7 @@ class Pairs:
             self._progress.write_own(bytes(self._areas[dst][:end]), state_record.pair_offset(dst))
             return
         for src in riding:
-            counters = state_record.encode_pair(self._counters_written(src)[0], self._ack_due.pop(src))
-            self._areas[src][: len(counters)] = counters
+            self._set_counters(src, self._counters_written(src)[0], self._ack_due.pop(src))
         image = b"".join(self._areas[peer] for peer in range(first, last))
         image += self._areas[last][: end if last == dst else state_record.PAIR_COUNTERS_SIZE]
         self._progress.write_own(image, state_record.pair_offset(first))
@@ -160,9 +159,7 @@ class Pairs:
         if spare is not None:
             spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
         with self._area_lock:
-            counters = state_record.encode_pair(index + 1, self._received_to_write(dst))
-            self._areas[dst][: len(counters)] = counters
-            self._write_area(dst, len(counters))
+            self._write_area(dst, self._set_counters(dst, index + 1, self._received_to_write(dst)))
 
     def sent_to_me(self, src: int) -> int:
         """How many messages ``src`` has sent to this rank (reading its whole pair area for us).
@@ -247,10 +244,16 @@ class Pairs:
         return state_record.decode_pair(bytes(self._areas[peer][: state_record.PAIR_COUNTERS_SIZE]))
 
     def _write_counters(self, peer: int, sent: int, received: int) -> None:
-        """Write both counters for ``peer`` (they share a CRC; the area lock is held)."""
+        """Write both counters for ``peer``, alone (the area lock is held)."""
+        end = self._set_counters(peer, sent, received)
+        self._progress.write_own(bytes(self._areas[peer][:end]), state_record.pair_offset(peer))
+
+    def _set_counters(self, peer: int, sent: int, received: int) -> int:
+        """Put both counters (they share a CRC) into ``peer``'s area image, the one every write of
+        the area is taken from; returns their size (the area lock is held)."""
         counters = state_record.encode_pair(sent, received)
         self._areas[peer][: len(counters)] = counters
-        self._progress.write_own(counters, state_record.pair_offset(peer))
+        return len(counters)
 
     def open(self, src: int, index: int) -> message.Message | message.InlineMessage:
         """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline, in its ring, or a file."""
