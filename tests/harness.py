@@ -290,6 +290,9 @@ def _rank_main(
                 conn.send(("ok", None))
             except BaseException:  # noqa: BLE001 - every error goes back to the parent
                 conn.send(("error", traceback.format_exc()))
+                return
+            if init:  # a pool without a group may be testing what happens at a normal exit
+                _exit_now()
             return
         faulthandler.dump_traceback_later(timeout, exit=False)
         try:
@@ -301,6 +304,27 @@ def _rank_main(
         finally:
             faulthandler.cancel_dump_traceback_later()
         sys.stdout.flush()
+
+
+def _exit_now() -> None:
+    """End a rank whose pool's group is destroyed without finalising the interpreter.
+
+    Tearing down a Python that imported torch takes ~0.5 s of CPU; the session's pools end
+    together (~80 ranks: ~25 s of the suite on 2 cores). Nothing is lost: exit handlers are
+    skipped (fsdist's own would only clean up after a rank that never left its job, and
+    ``finish_close`` fails on any file left behind), stdio is flushed, and coverage, when it
+    measures, saves its data here as it would at a normal exit.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if "coverage" in sys.modules:
+        import coverage
+
+        current = coverage.Coverage.current()
+        if current is not None:
+            current.stop()
+            current.save()
+    os._exit(0)
 
 
 class Pools:
