@@ -160,6 +160,29 @@ def test_cells_timed_in_a_slow_phase_are_marked() -> None:
     assert "1 of 2 cells had a round at" in lines[-1] and "fastest 1.00 ms" in lines[-1]
 
 
+def test_the_quiet_column_keeps_only_rounds_every_rank_probed_fast_on_both_sides() -> None:
+    def cell(backend: str, times: list[float], before: list[float], after: list[float]) -> dict:
+        return {"op": "all_reduce", "nbytes": 8, "backend": backend, "cpu": 0.1, "error": None, "times": times,
+                "probes": before, "probes_after": after}  # fmt: skip
+
+    # two rounds of two calls per backend. fsdist's second round: rank 0 slow after it (2 ms);
+    # Gloo's second round: rank 1 slow before it (1.5 ms), rank 0 fast throughout
+    rank0 = [cell("fsdist", [1e-4, 1e-4, 3e-4, 3e-4], [1e-3, 1e-3], [1e-3, 2e-3]),
+             cell("gloo", [2e-4] * 4, [1e-3, 1e-3], [1e-3, 1e-3])]  # fmt: skip
+    rank1 = [cell("fsdist", [1e-4] * 4, [1e-3, 1e-3], [1e-3, 1e-3]),
+             cell("gloo", [1e-4, 1e-4, 4e-4, 4e-4], [1e-3, 1.5e-3], [1e-3, 1e-3])]  # fmt: skip
+    limit = report.quiet_limit([[rank0, rank1]])
+    assert limit == pytest.approx(1.4e-3)
+    fs, gl = report.summarise(2, [rank0, rank1], limit)
+    assert (fs.quiet_rounds, fs.quiet_p50_s) == (1, 1e-4) and fs.p50_s == pytest.approx(2e-4)
+    assert (gl.quiet_rounds, gl.quiet_p50_s) == (1, 2e-4) and gl.p50_s == pytest.approx(3e-4)
+    line = report.table([fs, gl]).splitlines()[2]
+    assert line.endswith(" 1.50×  1.25×  2.00× ok slow"), line  # p50, mean, quiet
+    unprobed = report.summarise(2, [rank0, rank1])  # no limit: no round counts as quiet
+    assert [r.quiet_rounds for r in unprobed] == [0, 0]
+    assert report.table(unprobed).splitlines()[2].endswith("     - ok slow")
+
+
 def test_plan_sizes_and_iterations() -> None:
     assert [parse_size(s) for s in ("8", "1K", "64KiB", "16M", "1G")] == [8, 1024, 65536, 16 << 20, 1 << 30]
     assert iterations(8, "small") == Iterations(2, 3, 1) and iterations(8, "40") == Iterations(4, 40, 1)

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     base = args.dir or ("/dev/shm" if os.access("/dev/shm", os.W_OK) else tempfile.gettempdir())
     started = time.monotonic()
-    rows: list[report.Row] = []
+    results: dict[int, list[list[dict[str, Any]]]] = {}
     blocked: dict[str, dict[str, float]] = {}
     for world in worlds:
         print(f"fsdist bench: {world} ranks in {base} ...", file=sys.stderr, flush=True)
@@ -71,9 +71,11 @@ def run(args: argparse.Namespace) -> int:
         except RuntimeError as exc:
             print(f"fsdist bench: {exc}", file=sys.stderr)
             return 2
-        rows += report.summarise(world, [out["results"] for out in outputs])
+        results[world] = [out["results"] for out in outputs]
         if world > 1:  # the ranks that waited for rank 0: the worst of them
             blocked[str(world)] = {b: max(out["blocked_cpu"][b] for out in outputs[1:]) for b in plan.backends}
+    quiet_below = report.quiet_limit(list(results.values()))  # the whole run's fastest probe sets it
+    rows = [row for world, per_rank in results.items() for row in report.summarise(world, per_rank, quiet_below)]
     elapsed = time.monotonic() - started
     if plan.nodes:
         print(report.nodes_table(rows, plan.nodes))

@@ -33,8 +33,9 @@ PROBE_TURNS = 15_000
 def speed_probe() -> float:
     """CPU seconds of a fixed pure-Python loop: this machine's speed for fsdist's own code.
 
-    This VM runs Python at two speeds in phases of ~0.2-2 s (the same loop: 12 or 23 ms), and
-    fsdist, whose small operations are Python, slows with it where Gloo's C++ barely does.
+    This VM runs Python at two speeds in phases of ~0.2-2 s (the same loop: 12 or 23 ms), each
+    vCPU on its own (timed side by side, one core's loop took ~1.6x the other's for seconds),
+    and fsdist, whose small operations are Python, slows with it where Gloo's C++ barely does.
     Thread CPU time, so a rank waiting for a core does not count as a slow one."""
     start = time.thread_time()
     total = 0
@@ -61,12 +62,13 @@ def run_cells(
             case.run()
         cases[backend] = case
         results[backend] = {"op": op, "nbytes": case.nbytes, "requested": nbytes, "times": [], "cpu": 0.0,
-                            "error": problem, "probes": []}  # fmt: skip
+                            "error": problem, "probes": [], "probes_after": []}  # fmt: skip
     for _ in range(its.rounds):
         for backend in order:
             case, result = cases[backend], results[backend]
-            if dist.get_rank() == 0:  # (the others wait in the barrier meanwhile: a core to itself)
-                result["probes"].append(speed_probe())
+            # every rank probes: this VM's vCPUs drift apart (one ran ~1.6x slower than the
+            # other for seconds), and a call takes as long as its slowest rank
+            result["probes"].append(speed_probe())
             dist.barrier(group=groups[backend])
             case.run()  # untimed: it absorbs the ranks leaving the barrier apart
             cpu0 = time.process_time()
@@ -76,6 +78,7 @@ def run_cells(
                 case.run()
                 ends.append(time.perf_counter())
             result["cpu"] += time.process_time() - cpu0
+            result["probes_after"].append(speed_probe())  # quiet rounds are fast on both sides
             # back-to-back calls: iteration i took from the end of i-1 to its own end
             result["times"] += [b - a for a, b in zip([start, *ends[:-1]], ends, strict=True)]
     for backend in order:

@@ -41,13 +41,48 @@ class Row:
     fs_calls_by_kind: dict[str, float]
     verified: bool
     error: str | None
-    #: rank 0's CPU-speed probe (rank.speed_probe) before this cell's slowest and fastest round (0: none)
+    #: the ranks' CPU-speed probes (rank.speed_probe) around this cell's rounds: slowest and fastest (0: none)
     probe_s: float = 0.0
     probe_fastest_s: float = 0.0
+    #: p50 over the rounds with every rank's probe under SLOW_FACTOR × the run's fastest before
+    #: and after them (``quiet_limit``), and how many rounds that was (0: none, or no probes)
+    quiet_p50_s: float = 0.0
+    quiet_rounds: int = 0
 
 
-def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
-    """Combine the ranks' result lists (same cells in the same order on every rank)."""
+#: a cell is marked ``slow`` where a round's probe took this many times the run's fastest
+SLOW_FACTOR = 1.4
+
+
+def quiet_limit(per_rank_of_each_world: list[list[list[dict[str, Any]]]]) -> float:
+    """The probe time under which a round counts as quiet: SLOW_FACTOR × the run's fastest probe
+    (0 where nothing was probed). Takes every world's per-rank result lists."""
+    probes = [
+        p
+        for per_rank in per_rank_of_each_world
+        for cells in per_rank
+        for cell in cells
+        for p in (*cell.get("probes", []), *cell.get("probes_after", []))
+    ]
+    return SLOW_FACTOR * min(probes) if probes else 0.0
+
+
+def _quiet_times(slowest: np.ndarray, cells: tuple[dict[str, Any], ...], limit: float) -> tuple[np.ndarray, int]:
+    """The iterations of the rounds with every rank's probe under ``limit`` just before and after.
+
+    The rounds of the two backends alternate, so quiet rounds compare them in the same fast phase
+    of a machine whose Python speed drifts (rank.speed_probe); the count says how many there were."""
+    probes = [(c.get("probes", []), c.get("probes_after", [])) for c in cells]
+    rounds = len(probes[0][0])
+    if not limit or not rounds or len(slowest) % rounds or any(len(b) != rounds or len(a) != rounds for b, a in probes):
+        return slowest[:0], 0
+    keep = [i for i in range(rounds) if all(b[i] < limit and a[i] < limit for b, a in probes)]
+    return slowest.reshape(rounds, -1)[keep].ravel(), len(keep)
+
+
+def summarise(world: int, per_rank: list[list[dict[str, Any]]], quiet_below_s: float = 0.0) -> list[Row]:
+    """Combine the ranks' result lists (same cells in the same order on every rank); rounds with
+    every rank's probes under ``quiet_below_s`` (``quiet_limit``) give the quiet p50."""
     rows = []
     for cells in zip(*per_rank, strict=True):
         first = cells[0]
@@ -57,7 +92,8 @@ def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
         p99 = float(np.percentile(slowest, 99, method="inverted_cdf"))  # nearest rank: a measured time
         algbw = first["nbytes"] / p50 / 1e9 if p50 > 0 else 0.0
         errors = [f"rank {r}: {c['error']}" for r, c in enumerate(cells) if c["error"]]
-        probes = [p for c in cells for p in c.get("probes", [])]
+        probes = [p for c in cells for p in (*c.get("probes", []), *c.get("probes_after", []))]
+        quiet, quiet_rounds = _quiet_times(slowest, cells, quiet_below_s)
         rows.append(
             Row(
                 world=world,
@@ -76,6 +112,8 @@ def summarise(world: int, per_rank: list[list[dict[str, Any]]]) -> list[Row]:
                 error="; ".join(errors) or None,
                 probe_s=max(probes, default=0.0),
                 probe_fastest_s=min(probes, default=0.0),
+                quiet_p50_s=float(np.median(quiet)) if quiet_rounds else 0.0,
+                quiet_rounds=quiet_rounds,
             )
         )
     return rows
@@ -156,7 +194,8 @@ def table(rows: list[Row]) -> str:
     fastest = min((r.probe_fastest_s for r in rows if r.probe_s > 0), default=0.0)
     header = (
         f"{'ranks':>5} {'op':<14} {'size':>5} | {'fsdist p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9}"
-        f" {'fs/op':>6} | {'gloo p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9} | {'speedup':>7} {'mean':>6} ok"
+        f" {'fs/op':>6} | {'gloo p50':>10} {'p99':>10} {'busbw':>6} {'cpu/op':>9}"
+        f" | {'speedup':>7} {'mean':>6} {'quiet':>6} ok"
     )
     lines = [header, "-" * len(header)]
     for (world, op, nbytes), pair in cells.items():
@@ -173,22 +212,22 @@ def table(rows: list[Row]) -> str:
                 )
         speedup = f"{gl.p50_s / fs.p50_s:6.2f}×" if fs and gl and fs.p50_s > 0 else f"{'-':>7}"
         by_mean = f"{gl.mean_s / fs.mean_s:5.2f}×" if fs and gl and fs.mean_s > 0 else f"{'-':>6}"
+        both_quiet = fs and gl and fs.quiet_rounds and gl.quiet_rounds and fs.quiet_p50_s > 0
+        quiet = f"{gl.quiet_p50_s / fs.quiet_p50_s:5.2f}×" if fs and gl and both_quiet else f"{'-':>6}"
         ok = all(r.verified for r in pair.values())
         slow = " slow" if fastest and max(r.probe_s for r in pair.values()) >= SLOW_FACTOR * fastest else ""
-        parts.append(f"{speedup} {by_mean} {'ok' if ok else 'FAILED'}{slow}")
+        parts.append(f"{speedup} {by_mean} {quiet} {'ok' if ok else 'FAILED'}{slow}")
         lines.append(" | ".join(parts))
     lines.append(
         "speedup = Gloo p50 / fsdist p50 (> 1: fsdist faster); mean = the same for the loop's mean time per op"
-        " (slowest rank); busbw in GB/s; cpu/op per rank;"
+        " (slowest rank); quiet = the speedup over the rounds timed while the machine ran at full speed"
+        f" (every rank's probe under {SLOW_FACTOR}× the run's fastest before and after the round; - : none);"
+        " busbw in GB/s; cpu/op per rank;"
         " fs/op = filesystem calls per op per rank, measured (doorbells and /proc aside: they stay on the machine)"
     )
     if fastest:
         lines.append(speed_summary(rows))
     return "\n".join(lines)
-
-
-#: a cell is marked ``slow`` where a round's probe took this many times the run's fastest
-SLOW_FACTOR = 1.4
 
 
 def speed_summary(rows: list[Row]) -> str:
@@ -201,7 +240,7 @@ def speed_summary(rows: list[Row]) -> str:
     cells = {(r.world, r.op, r.nbytes) for r in rows}
     slow = {(r.world, r.op, r.nbytes) for r in rows if r.probe_s >= SLOW_FACTOR * fastest}
     return (
-        f"CPU speed (rank 0, a fixed Python loop before each round): fastest {_time(fastest)}, "
+        f"CPU speed (a fixed Python loop on every rank before and after each round): fastest {_time(fastest)}, "
         f"p50 of cells' slowest rounds {_time(float(np.median(probes)))}, slowest {_time(max(probes))}; "
         f"{len(slow)} of {len(cells)} cells had a round at ≥ {SLOW_FACTOR}× the fastest (marked slow)"
     )
