@@ -164,22 +164,18 @@ class Pairs:
     def sent_to_me(self, src: int) -> int:
         """How many messages ``src`` has sent to this rank (reading its whole pair area for us).
 
-        Optimistic groups read it without the lock first (as Progress.peer_state does): counters
-        torn by the sender's write fail their CRC, and ``_find`` reads the area again under the
-        lock when a slot is torn or older than the counters."""
-        if self._progress.optimistic:
-            try:
-                return self._take_area(src, locked=False)
-            except ProtocolError:
-                pass  # torn by the sender's write
-        return self._take_area(src, locked=True)
+        Optimistic groups read it without the lock first (Progress.read_peer): counters torn by
+        the sender's write fail their CRC, and ``_find`` reads the area again under the lock when
+        a slot is torn or older than the counters."""
+        return self._take_area(src, locked=False)
 
     def _take_area(self, src: int, locked: bool) -> int:
-        offset = state_record.pair_offset(self._progress.rank)
-        raw = self._progress.read_peer(src, offset, state_record.PAIR_AREA, locked=locked)
-        sent, received = state_record.decode_pair(raw, self._progress.state_path(src))
+        offset, where = state_record.pair_offset(self._progress.rank), self._progress.state_path(src)
+        raw, (sent, received), unlocked = self._progress.read_peer(
+            src, offset, state_record.PAIR_AREA, lambda raw: state_record.decode_pair(raw, where), locked=locked
+        )
         self._seen[src] = raw
-        self._seen_unlocked[src] = not locked
+        self._seen_unlocked[src] = unlocked
         self._received_by[src] = max(self._received_by[src], received)
         return sent
 
@@ -317,16 +313,11 @@ class Pairs:
         2 lock calls, per send). A read torn by ``dst``'s write fails the counters' CRC, and a
         count above what was sent cannot be one: either is read again under the lock."""
         offset, where = state_record.pair_offset(self._progress.rank), self._progress.state_path(dst)
-        received = -1
-        if self._progress.optimistic:
-            raw = self._progress.read_peer(dst, offset, state_record.PAIR_COUNTERS_SIZE, locked=False)
-            try:
-                received = state_record.decode_pair(raw, where)[1]
-            except ProtocolError:
-                received = -1
-        if not 0 <= received <= self._sent[dst]:
-            raw = self._progress.read_peer(dst, offset, state_record.PAIR_COUNTERS_SIZE)
-            received = state_record.decode_pair(raw, where)[1]
+        sent = self._sent[dst]
+        _, (_, received), _ = self._progress.read_peer(
+            dst, offset, state_record.PAIR_COUNTERS_SIZE, lambda raw: state_record.decode_pair(raw, where),
+            plausible=lambda counts: 0 <= counts[1] <= sent,
+        )  # fmt: skip
         self._received_by[dst] = max(self._received_by[dst], received)
         return self._received_by[dst]
 

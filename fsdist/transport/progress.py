@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from ..defaults import LONG_SLEEP_SECONDS, RING_SPIN_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError, ProtocolError
@@ -27,6 +28,8 @@ from ..files.waiting import Deadline, poll
 from ..job.liveness import PeerWatch
 from ..protocol import layout, state_record
 from ..protocol.state_record import PeerState
+
+T = TypeVar("T")
 
 __all__ = ["Progress"]
 
@@ -178,33 +181,44 @@ class Progress:
         """Bytes of this rank's record past its position part (the point-to-point pair areas)."""
         self._records[self.rank].write(data, offset)
 
-    def read_peer(self, rank: int, offset: int, size: int, locked: bool = True) -> bytes:
-        """Bytes of ``rank``'s record (short where it never wrote them); without the lock only
-        where the group is ``optimistic`` (the caller checks them, see ``peer_state``)."""
-        if not locked and self.optimistic:
-            return self._records[rank].read_unlocked(offset, size)
-        return self._records[rank].read(offset, size)
+    def read_peer(
+        self, rank: int, offset: int, size: int, parse: Callable[[bytes], T],
+        plausible: Callable[[T], bool] | None = None, locked: bool = False,
+    ) -> tuple[bytes, T, bool]:  # fmt: skip
+        """Bytes of ``rank``'s record (short where it never wrote them), what ``parse`` makes of
+        them, and whether they were read without the lock.
+
+        Optimistic groups read without the lock first (unless ``locked``): a read torn by the
+        peer's write fails a checksum in ``parse`` (ProtocolError), or gives what ``plausible``
+        refuses, and is read again under the lock, which a writer always takes. The one place
+        where record bytes are trusted without the lock: every reader of a peer's record comes here.
+        """
+        record = self._records[rank]
+        if self.optimistic and not locked:
+            raw = record.read_unlocked(offset, size)
+            try:
+                value = parse(raw)
+            except ProtocolError:
+                pass  # torn
+            else:
+                if plausible is None or plausible(value):
+                    return raw, value, True
+        raw = record.read(offset, size)
+        return raw, parse(raw), False
 
     # ---- peers --------------------------------------------------------------------------
 
     def peer_state(self, peer: int, locked: bool = False) -> PeerState:
         """``peer``'s record, compared with this rank's history (DesyncError on a divergence).
 
-        Optimistic groups read it without the lock first: a read torn by the peer's write fails
-        the header's checksum (or a slot's, or finds an older slot beside a newer header: see
-        ``inline_message``) and is read again under the lock, which a writer always takes.
+        Optimistic groups read it without the lock first (``read_peer``): a read torn by the
+        peer's write fails the header's checksum (or a slot's, or finds an older slot beside a
+        newer header: see ``inline_message``) and is read again under the lock.
         """
-        record = self._records[peer]
-        theirs = None
-        if self.optimistic and not locked:
-            raw = record.read_unlocked(0, state_record.POSITION_SIZE)
-            try:
-                theirs = state_record.decode(raw, self.state_path(peer))
-            except ProtocolError:
-                theirs = None
-        if theirs is None:
-            raw = record.read(0, state_record.POSITION_SIZE)
-            theirs = state_record.decode(raw, self.state_path(peer))
+        where = self.state_path(peer)
+        raw, theirs, _ = self.read_peer(
+            peer, 0, state_record.POSITION_SIZE, lambda raw: state_record.decode(raw, where), locked=locked
+        )
         self._seen[peer] = raw
         if theirs is state_record.NOT_STARTED:
             return theirs
