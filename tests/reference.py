@@ -73,6 +73,9 @@ def make_input(seed: int, rank: int, shape: tuple[int, ...], dtype: torch.dtype,
 
     Floating and complex values are drawn in float32 and then converted: torch's float64
     ``randn`` is ~6× slower here, and drawing inputs was most of the collectives suite's time.
+    float64 and complex128 values are then scaled by a factor with bits far below float32's, so
+    that their sums round (a few float32 values add exactly in float64, and a rank reducing in
+    another order would go unseen).
     """
     g = torch.Generator().manual_seed(seed * 7919 + rank * 104729 + 17)
     if dtype == torch.bool:
@@ -81,15 +84,24 @@ def make_input(seed: int, rank: int, shape: tuple[int, ...], dtype: torch.dtype,
         parts = torch.randn((*shape, 2), generator=g)
         if op == "PRODUCT":
             parts = parts * 0.3 + torch.tensor([1.0, 0.0])
-        return torch.view_as_complex(parts).to(dtype)
+        return _past_float32(torch.view_as_complex(parts).to(dtype))
     if dtype.is_floating_point:
         if op == "PRODUCT":
-            return (0.5 + torch.rand(shape, generator=g)).to(dtype)
-        return torch.randn(shape, generator=g).to(dtype)
+            return _past_float32((0.5 + torch.rand(shape, generator=g)).to(dtype))
+        return _past_float32(torch.randn(shape, generator=g).to(dtype))
     if op == "PRODUCT":
         return torch.randint(1, 3, shape, generator=g, dtype=dtype)
     low = 0 if dtype == torch.uint8 else -50
     return torch.randint(low, 50, shape, generator=g, dtype=dtype)
+
+
+#: 1 + 2⁻²⁰/3: its bits go on to the end of a float64's mantissa
+_WIDEN = 1 + 2**-20 / 3
+
+
+def _past_float32(values: torch.Tensor) -> torch.Tensor:
+    """float64/complex128 values with bits past float32's (others as they are)."""
+    return values * _WIDEN if values.dtype in (torch.float64, torch.complex128) else values
 
 
 def non_contiguous(tensor: torch.Tensor) -> torch.Tensor:

@@ -78,6 +78,7 @@ def run_cells(
                 case.run()
                 ends.append(time.perf_counter())
             result["cpu"] += time.process_time() - cpu0
+            dist.barrier(group=groups[backend])  # untimed: no rank probes while a peer still times
             result["probes_after"].append(speed_probe())  # quiet rounds are fast on both sides
             # back-to-back calls: iteration i took from the end of i-1 to its own end
             result["times"] += [b - a for a, b in zip([start, *ends[:-1]], ends, strict=True)]

@@ -212,7 +212,7 @@ def table(rows: list[Row]) -> str:
                 )
         speedup = f"{gl.p50_s / fs.p50_s:6.2f}×" if fs and gl and fs.p50_s > 0 else f"{'-':>7}"
         by_mean = f"{gl.mean_s / fs.mean_s:5.2f}×" if fs and gl and fs.mean_s > 0 else f"{'-':>6}"
-        both_quiet = fs and gl and fs.quiet_rounds and gl.quiet_rounds and fs.quiet_p50_s > 0
+        both_quiet = fs and gl and fs.quiet_p50_s > 0 and gl.quiet_p50_s > 0  # (0: no quiet round)
         quiet = f"{gl.quiet_p50_s / fs.quiet_p50_s:5.2f}×" if fs and gl and both_quiet else f"{'-':>6}"
         ok = all(r.verified for r in pair.values())
         slow = " slow" if fastest and max(r.probe_s for r in pair.values()) >= SLOW_FACTOR * fastest else ""
