@@ -158,9 +158,12 @@ ENV_INLINE = "FSDIST_INLINE"
 INLINE = os.environ.get(ENV_INLINE, "1") != "0"
 #: A synchronous operation of at most this many bytes (inputs and outputs) runs on its caller's
 #: thread when nothing is queued before it (no hand-off to the group's worker and back: two
-#: thread wake-ups, 2 ranks, 64 KiB all_reduce 400 -> 195 µs). Larger ones wake the worker at
-#: once, so an async one starts without waiting for the worker's next look.
-INLINE_RUN_BYTES = 1 << 20
+#: thread wake-ups, 2 ranks, 64 KiB all_reduce 400 -> 195 µs; 1 MiB all_to_all, 2 MiB in and
+#: out, 254-584 -> 165-225 µs, and all_gather 314-544 -> 216-265 µs, when this was 1 MiB).
+#: Larger ones wake the worker at once, so an async one starts without waiting for the worker's
+#: next look (an async one of this size or less, its caller not waiting, starts within 1-10 ms:
+#: HANDOFF_SECONDS, the worker's look backing off to 10 ms; above 4 MiB the hand-off is noise).
+INLINE_RUN_BYTES = 4 << 20
 #: Such an operation that its caller has not waited for after this long (an ``async_op=True``
 #: one) is taken by the worker. The worker is not woken for it, only looks this often.
 HANDOFF_SECONDS = 1e-3
