@@ -159,7 +159,7 @@ INLINE = os.environ.get(ENV_INLINE, "1") != "0"
 #: A synchronous operation of at most this many bytes (inputs and outputs) runs on its caller's
 #: thread when nothing is queued before it (no hand-off to the group's worker and back: two
 #: thread wake-ups, 2 ranks, 64 KiB all_reduce 400 -> 195 µs; 1 MiB all_to_all, 2 MiB in and
-#: out, 254-584 -> 165-225 µs, and all_gather 314-544 -> 216-265 µs, when this was 1 MiB).
+#: out, 254-584 -> 165-225 µs, and all_gather 314-715 -> 194-265 µs, when this was 1 MiB).
 #: Larger ones wake the worker at once, so an async one starts without waiting for the worker's
 #: next look (an async one of this size or less, its caller not waiting, starts within 1-10 ms:
 #: HANDOFF_SECONDS, the worker's look backing off to 10 ms; above 4 MiB the hand-off is noise).
