@@ -101,7 +101,9 @@ def test_inline_messages_round_trip_and_damaged_slots_are_refused() -> None:
     assert (msg.seq, msg.description, [p.shape for p in msg.parts]) == (9, "all_gather float64[]", [(5,), (), (0,)])
     out = torch.empty(5, dtype=torch.int16)
     msg.read_into(0, out)
-    assert out.equal(tensors[0]) and msg.mapped(1, torch.empty((), dtype=torch.float64)).item() == 2.5
+    assert out.equal(tensors[0])
+    with msg.mapped(1, torch.empty((), dtype=torch.float64)) as value:
+        assert value.item() == 2.5
     with pytest.raises(ValueError):
         state_record.encode_slot(1, 1, bytes(state_record.INLINE_MAX + 1))
     lying = bytearray(record)
@@ -269,15 +271,26 @@ def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) 
         out64 = torch.empty(300_000, dtype=torch.float64)
         msg.read_into(0, out64)
         assert torch.equal(out64, bigger)
-        view = msg.mapped(0, out64[1000:2000], byte_offset=1000 * 8)
-        assert torch.equal(view, bigger[1000:2000])
-        view.add_(1)  # a private mapping: the writer's file is untouched
+        with msg.mapped(0, out64[1000:2000], byte_offset=1000 * 8) as view:
+            assert torch.equal(view, bigger[1000:2000])
+            view.add_(1)  # a private mapping: the writer's file is untouched
     for _ in range(2):  # seen before: read through the kept mapping
         with message.Message(str(tmp_path / "m3"), mapped=mapped) as msg:
             out64.zero_()
             msg.read_into(0, out64)
             assert torch.equal(out64, bigger)
     assert len(mapped._maps) == 1
+    (kept,) = mapped._maps.values()
+    with message.Message(str(tmp_path / "m3"), mapped=mapped) as msg:
+        operand = msg.mapped(0, out64[1000:2000], byte_offset=1000 * 8)
+    with operand as view:  # a reduction's operand: the kept mapping itself, held for the block
+        assert kept.users == 1 and torch.equal(view, bigger[1000:2000])
+        fd = os.open(tmp_path / "m3", os.O_RDONLY)
+        mapped.forget(fd)
+        os.close(fd)
+        assert mapped._maps  # not unmapped under the block
+        assert torch.equal(view, bigger[1000:2000])
+    assert kept.users == 0
     spare.close()
     assert not mapped._maps  # a spare deleted lets go of its mapping
     assert pool.take(10) is None  # below min_bytes: never a spare

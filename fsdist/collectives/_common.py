@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
@@ -64,18 +65,19 @@ def read_part(
 
 def peer_part(
     t: CollectiveChannel, peer: int, step: int, part: int, like: torch.Tensor, byte_offset: int | None = None
-) -> torch.Tensor:
-    """``peer``'s part as a tensor shaped like ``like``, to be read once (an operand of a reduction).
+) -> AbstractContextManager[torch.Tensor]:
+    """``peer``'s part as a tensor shaped like ``like``, to be read once inside the ``with``
+    block (an operand of a reduction).
 
     Large parts on local filesystems come mapped straight from the peer's file (one pass over
-    the bytes instead of a copy and a pass); others are copied into scratch slot 1. Either way
-    the result is only valid until the next call that uses scratch slot 1.
+    the bytes instead of a copy and a pass); others are copied into scratch slot 1, valid until
+    the next call that uses that slot.
     """
     nbytes = like.numel() * like.element_size()
     if not (t.maps_messages and nbytes >= MAP_MIN_BYTES):
         other = scratch(like, 1)
         read_part(t, peer, step, part, other, byte_offset)
-        return other
+        return nullcontext(other)
     t.wait_for(peer, step)
     with t.open_message(peer, step) as msg:
         _check_part(t, peer, msg, part, like, byte_offset)
@@ -111,18 +113,21 @@ def reduce_into_own(
     its part ``part`` from ``byte_offset``, or where ``locate(peer)`` says: (part, byte offset).
     """
 
-    def operand(peer: int) -> torch.Tensor:
+    def operand(peer: int) -> AbstractContextManager[torch.Tensor]:
         peer_part_index, offset = locate(peer) if locate is not None else (part, byte_offset)
         return peer_part(t, peer, step, peer_part_index, own, offset)
 
     if t.rank == 1:
-        combine_to(reduction, operand(0), own, own)
+        with operand(0) as first:
+            combine_to(reduction, first, own, own)
     elif t.rank > 1:
         prefix = scratch(own, 0)
         first_part, first_offset = locate(0) if locate is not None else (part, byte_offset)
         read_part(t, 0, step, first_part, prefix, first_offset)
         for rank in range(1, t.rank):
-            combine_into(reduction, prefix, operand(rank))
+            with operand(rank) as other:
+                combine_into(reduction, prefix, other)
         combine_to(reduction, prefix, own, own)
     for rank in range(t.rank + 1, t.size):
-        combine_into(reduction, own, operand(rank))
+        with operand(rank) as other:
+            combine_into(reduction, own, other)

@@ -43,16 +43,17 @@ def all_reduce_doubling(
         return
     if rank < extra:
         for part, tensor in enumerate(tensors):
-            combine_into(reduction, tensor, peer_part(t, rank + power, first, part, tensor))
+            with peer_part(t, rank + power, first, part, tensor) as other:
+                combine_into(reduction, tensor, other)
     for round_ in range(rounds):
         partner, step = rank ^ (1 << round_), first + 1 + round_
         t.publish(step, tensors, readers=[partner])
         for part, tensor in enumerate(tensors):
-            other = peer_part(t, partner, step, part, tensor)
-            if rank < partner:
-                combine_into(reduction, tensor, other)
-            else:
-                combine_to(reduction, other, tensor, tensor)
+            with peer_part(t, partner, step, part, tensor) as other:
+                if rank < partner:
+                    combine_into(reduction, tensor, other)
+                else:
+                    combine_to(reduction, other, tensor, tensor)
     for tensor in tensors:
         finish(reduction, tensor, t.size)
     if rank < extra:

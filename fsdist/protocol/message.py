@@ -20,15 +20,17 @@ import math
 import mmap
 import os
 import struct
+import warnings
 import zlib
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import NamedTuple
 
 import torch
 
 from ..errors import ProtocolError
 from ..files.io import open_file, read_exact
-from ..files.mapped import MappedFiles
+from ..files.mapped import Held, MappedFiles
 
 MAGIC = b"FSDM"
 VERSION = 1
@@ -242,10 +244,10 @@ class InlineMessage:
         if want:
             tensor_bytes(dest)[:] = self._bytes(index, byte_offset, want)
 
-    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
+    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> AbstractContextManager[torch.Tensor]:
         want = like.numel() * like.element_size()
         copy = bytearray(self._bytes(index, byte_offset, want))  # small: a copy is the cheap way
-        return torch.frombuffer(copy, dtype=like.dtype, count=like.numel()).view(like.shape)
+        return nullcontext(torch.frombuffer(copy, dtype=like.dtype, count=like.numel()).view(like.shape))
 
     def file_size(self) -> int:
         return 0  # it lives in the record: disposing of it frees no file
@@ -331,24 +333,36 @@ class Message:
             if self._mapped is None or self._length is not None or not self._mapped.read(self._fd, start, buffer):
                 read_exact(self._fd, buffer, start, self.path)
 
-    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
-        """Part ``index`` from ``byte_offset`` as a tensor shaped like ``like``, mapped, not copied.
+    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> AbstractContextManager[torch.Tensor]:
+        """Part ``index`` from ``byte_offset`` as a read-only tensor shaped like ``like``, mapped,
+        not copied, for the ``with`` block (which may outlive this message's closing).
 
         For reductions: ``acc += mapped`` reads the peer's bytes once, where reading them into
-        a buffer first would copy them once more. The mapping is private (copy-on-write), so
-        nothing done to the tensor can reach the writer's file. It is never closed explicitly:
-        the tensor holds the mmap object, so the memory is unmapped exactly when the last view
-        of it dies (``mmap.close`` would unmap under a live tensor: torch keeps no buffer export).
-        A ring message is copied instead: the sender reuses its bytes once it is acknowledged.
+        a buffer first would copy them once more. A file this rank has mapped before (a peer's
+        spare, back under a new name) comes from its kept mapping (files/mapped.py), held for
+        the block; any other is mapped privately (copy-on-write, so nothing done to the tensor
+        can reach the writer's file) and unmapped when the last view of it dies (``mmap.close``
+        would unmap under a live tensor: torch keeps no buffer export). A ring message is
+        copied instead: the sender reuses its bytes once it is acknowledged.
         """
         if self._length is not None:
             copy = torch.empty_like(like)
             self.read_into(index, copy, byte_offset)
-            return copy
+            return nullcontext(copy)
         want = like.numel() * like.element_size()
         start = self._check_range(index, byte_offset, want)
         if want == 0:
             raise ProtocolError(f"{self.path}: asked to map no bytes of part {index}")
+        held = self._mapped.hold(self._fd, start, want) if self._mapped is not None else None
+        if held is None:
+            return nullcontext(self._private(start, like))
+        with warnings.catch_warnings():  # read-only: torch warns once that it cannot enforce it
+            warnings.simplefilter("ignore", UserWarning)
+            tensor = torch.frombuffer(held.view, dtype=like.dtype, count=like.numel())
+        return _HeldTensor(tensor.view(like.shape), held)
+
+    def _private(self, start: int, like: torch.Tensor) -> torch.Tensor:
+        want = like.numel() * like.element_size()
         base = start - start % mmap.ALLOCATIONGRANULARITY
         mapping = mmap.mmap(self._fd, start - base + want, access=mmap.ACCESS_COPY, offset=base)
         view = torch.frombuffer(mapping, dtype=like.dtype, count=like.numel(), offset=start - base)
@@ -378,6 +392,19 @@ class Message:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _HeldTensor:
+    """A tensor over a kept mapping, for a ``with`` block that releases the mapping at its end."""
+
+    def __init__(self, tensor: torch.Tensor, held: Held) -> None:
+        self._tensor, self._held = tensor, held
+
+    def __enter__(self) -> torch.Tensor:
+        return self._tensor
+
+    def __exit__(self, *exc: object) -> None:
+        self._held.release()
 
 
 #: A point-to-point slot holding this instead of a message points into the sender's ring file for

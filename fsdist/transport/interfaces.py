@@ -13,6 +13,7 @@ that step, then read the message's parts.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 import torch
@@ -37,8 +38,9 @@ class Incoming(Protocol):
     def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
         """Copy part ``index`` (from ``byte_offset`` on, as many bytes as ``dest`` holds) into ``dest``."""
 
-    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
-        """Part ``index`` as a read-only tensor shaped like ``like``, without a copy where possible."""
+    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> AbstractContextManager[torch.Tensor]:
+        """Part ``index`` as a read-only tensor shaped like ``like``, without a copy where
+        possible, valid for the ``with`` block (which may outlive the message's closing)."""
 
     def file_size(self) -> int:
         """Bytes the message occupies (what disposing of it frees)."""

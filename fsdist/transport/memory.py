@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -36,9 +37,9 @@ class MemoryMessage:
         nbytes = dest.numel() * dest.element_size()
         dest.reshape(-1).view(torch.uint8).copy_(self._slice(index, byte_offset, nbytes))
 
-    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> torch.Tensor:
+    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> AbstractContextManager[torch.Tensor]:
         nbytes = like.numel() * like.element_size()
-        return self._slice(index, byte_offset, nbytes).view(like.dtype).view(like.shape)
+        return nullcontext(self._slice(index, byte_offset, nbytes).view(like.dtype).view(like.shape))
 
     def _slice(self, index: int, byte_offset: int, nbytes: int) -> torch.Tensor:
         if byte_offset + nbytes > self.parts[index].nbytes:
