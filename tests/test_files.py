@@ -334,6 +334,45 @@ def test_kept_mappings_read_what_was_written_last_and_let_go_of_deleted_files(tm
         os.close(fd)
 
 
+def test_a_held_operand_is_the_shared_file_and_outlives_forget_sweeps_and_close(tmp_path) -> None:
+    """files/mapped.py ``hold``: a reader's kept mapping (read-only, shared with the writer) is
+    lent for a reduction and is unmapped by nothing until released, not even ``close``."""
+    mapped = MappedFiles(min_bytes=4096, capacity=1)
+    path, other = str(tmp_path / "f"), str(tmp_path / "g")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.pwrite(fd, b"\x01" * 65536, 0)
+    assert mapped.hold(fd, 100, 8192) is None  # first sight: the caller maps it privately
+    assert mapped.hold(fd, 100, 100) is None  # small: the caller copies
+    held = mapped.hold(fd, 100, 8192)
+    assert held is not None
+    (kept,) = mapped._maps.values()
+    assert not kept.writable and kept.users == 1
+    with held:
+        assert held.view == b"\x01" * 8192
+        os.pwrite(fd, b"\x02" * 8192, 100)  # the writer's next message: the view is the file
+        assert held.view == b"\x02" * 8192
+        mapped.forget(fd)
+        os.unlink(path)
+        other_fd = os.open(other, os.O_RDWR | os.O_CREAT, 0o600)
+        os.pwrite(other_fd, b"\x03" * 65536, 0)
+        assert mapped.write(other_fd, [b"\x04" * 8192])  # a miss: sweeps deleted files, evicts
+        assert kept in mapped._maps.values()  # ... but not one in use
+        mapped.close()
+        assert kept in mapped._maps.values() and held.view == b"\x02" * 8192
+    assert kept.users == 0 and not mapped._maps  # closed: unmapped when the hold ended
+    os.close(fd)
+    os.close(other_fd)
+
+
+def test_a_message_file_shorter_than_its_part_is_a_protocol_error_when_mapped(tmp_path) -> None:
+    """A part the file does not hold is refused in words, not with mmap's ValueError."""
+    big = torch.arange(100_000, dtype=torch.float32)
+    path = publish(str(tmp_path), "m", message.encode(1, 0, "big", [big]))
+    os.truncate(path, 8192)
+    with message.Message(path) as msg, pytest.raises(ProtocolError, match="ends before"):
+        msg.mapped(0, big)
+
+
 def test_spare_pool_is_bounded_and_off_where_disabled(tmp_path) -> None:
     pool = SparePool(str(tmp_path), rank=3, enabled=True, max_files=2, min_bytes=10, mapped=MappedFiles(1024))
     for i in range(4):

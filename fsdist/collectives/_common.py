@@ -8,8 +8,8 @@ which is as slow as writing a fresh file.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
@@ -67,21 +67,30 @@ def peer_part(
     t: CollectiveChannel, peer: int, step: int, part: int, like: torch.Tensor, byte_offset: int | None = None
 ) -> AbstractContextManager[torch.Tensor]:
     """``peer``'s part as a tensor shaped like ``like``, to be read once inside the ``with``
-    block (an operand of a reduction).
+    block (an operand of a reduction) and never written.
 
     Large parts on local filesystems come mapped straight from the peer's file (one pass over
-    the bytes instead of a copy and a pass); others are copied into scratch slot 1, valid until
-    the next call that uses that slot.
+    the bytes instead of a copy and a pass), from the ``with`` on; others are copied into
+    scratch slot 1 at once, valid until the next call that uses that slot.
     """
     nbytes = like.numel() * like.element_size()
     if not (t.maps_messages and nbytes >= MAP_MIN_BYTES):
         other = scratch(like, 1)
         read_part(t, peer, step, part, other, byte_offset)
         return nullcontext(other)
+    return _mapped_part(t, peer, step, part, like, byte_offset)
+
+
+@contextmanager
+def _mapped_part(
+    t: CollectiveChannel, peer: int, step: int, part: int, like: torch.Tensor, byte_offset: int | None
+) -> Iterator[torch.Tensor]:
+    """A large part, mapped for the ``with`` block (a mapping taken and released within it)."""
     t.wait_for(peer, step)
     with t.open_message(peer, step) as msg:
         _check_part(t, peer, msg, part, like, byte_offset)
-        return msg.mapped(part, like, byte_offset or 0)
+        with msg.mapped(part, like, byte_offset or 0) as operand:
+            yield operand
 
 
 def _check_part(

@@ -62,6 +62,7 @@ class MappedFiles:
         self._maps: OrderedDict[tuple[int, int], _Mapping] = OrderedDict()
         self._seen: OrderedDict[tuple[int, int], None] = OrderedDict()
         self._lock = threading.Lock()
+        self._closed = False
 
     def read(self, fd: int, offset: int, dest: memoryview) -> bool:
         """Copy ``len(dest)`` bytes at ``offset`` of ``fd``'s file into ``dest`` through a kept
@@ -79,9 +80,9 @@ class MappedFiles:
         return True
 
     def hold(self, fd: int, offset: int, nbytes: int) -> Held | None:
-        """``nbytes`` at ``offset`` of ``fd``'s file as a read-only view of its kept mapping, held
-        (never unmapped) until released; None where ``read`` would not serve: the caller maps
-        the file itself. Taken at once, so ``fd`` may be closed before the view is used.
+        """``nbytes`` at ``offset`` of ``fd``'s file as a view of its kept mapping, to be read
+        only, held (never unmapped) until released; None where ``read`` would not serve: the
+        caller maps the file itself. Taken at once, so ``fd`` may be closed before the view is used.
 
         Why: a reduction's operand read straight from the peer's file; a fresh mapping of 16 MiB
         costs 256 page faults (~1 ms of system time here) on every operation, a kept one none.
@@ -117,10 +118,13 @@ class MappedFiles:
                 self._unmap(key)
 
     def close(self) -> None:
-        """Unmap everything (the group is closing: no copy is in progress)."""
+        """Unmap everything (the group is closing); a mapping still in use by a copy or a hold
+        (another thread, past a join's timeout) is unmapped when that use ends."""
         with self._lock:
-            for key in list(self._maps):
-                self._unmap(key)
+            self._closed = True
+            for key, mapping in list(self._maps.items()):
+                if mapping.users == 0:
+                    self._unmap(key)
             self._seen.clear()
 
     def _use(self, fd: int, end: int, writable: bool, first_sight_maps: bool) -> _Mapping | None:
@@ -182,11 +186,17 @@ class MappedFiles:
     def _done(self, mapping: _Mapping) -> None:
         with self._lock:
             mapping.users -= 1
+            if self._closed and mapping.users == 0:
+                key = next((k for k, m in self._maps.items() if m is mapping), None)
+                if key is not None:
+                    self._unmap(key)
 
 
 class Held:
-    """A read-only view into a kept mapping, which stays mapped until ``release`` (or the end of
-    the ``with`` block); whatever was made from ``view`` must not be used after that."""
+    """A view into a kept mapping, which stays mapped until ``release`` (or the end of the
+    ``with`` block); whatever was made from ``view`` must not be used after that, and must
+    never be written: the mapping is the file itself (read-only where this rank only ever
+    read the file, and a store into it kills the process; writable where it wrote it)."""
 
     def __init__(self, files: MappedFiles, mapping: _Mapping, offset: int, nbytes: int) -> None:
         self._files: MappedFiles | None = files

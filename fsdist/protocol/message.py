@@ -338,12 +338,13 @@ class Message:
         not copied, for the ``with`` block (which may outlive this message's closing).
 
         For reductions: ``acc += mapped`` reads the peer's bytes once, where reading them into
-        a buffer first would copy them once more. A file this rank has mapped before (a peer's
-        spare, back under a new name) comes from its kept mapping (files/mapped.py), held for
-        the block; any other is mapped privately (copy-on-write, so nothing done to the tensor
-        can reach the writer's file) and unmapped when the last view of it dies (``mmap.close``
-        would unmap under a live tensor: torch keeps no buffer export). A ring message is
-        copied instead: the sender reuses its bytes once it is acknowledged.
+        a buffer first would copy them once more. The tensor must never be written. A file this
+        rank has mapped before (a peer's spare, back under a new name) comes from its kept
+        mapping (files/mapped.py), held for the block: a store into it would reach the file, or
+        kill the process where the mapping is read-only. Any other is mapped privately
+        (copy-on-write) and unmapped when the last view of it dies (``mmap.close`` would unmap
+        under a live tensor: torch keeps no buffer export). A ring message is copied instead:
+        the sender reuses its bytes once it is acknowledged.
         """
         if self._length is not None:
             copy = torch.empty_like(like)
@@ -356,15 +357,24 @@ class Message:
         held = self._mapped.hold(self._fd, start, want) if self._mapped is not None else None
         if held is None:
             return nullcontext(self._private(start, like))
-        with warnings.catch_warnings():  # read-only: torch warns once that it cannot enforce it
-            warnings.simplefilter("ignore", UserWarning)
-            tensor = torch.frombuffer(held.view, dtype=like.dtype, count=like.numel())
-        return _HeldTensor(tensor.view(like.shape), held)
+        try:
+            with warnings.catch_warnings():  # read-only: torch warns once that it cannot enforce it
+                warnings.simplefilter("ignore", UserWarning)
+                tensor = torch.frombuffer(held.view, dtype=like.dtype, count=like.numel()).view(like.shape)
+        except BaseException:
+            held.release()
+            raise
+        return _HeldTensor(tensor, held)
 
     def _private(self, start: int, like: torch.Tensor) -> torch.Tensor:
         want = like.numel() * like.element_size()
         base = start - start % mmap.ALLOCATIONGRANULARITY
-        mapping = mmap.mmap(self._fd, start - base + want, access=mmap.ACCESS_COPY, offset=base)
+        try:
+            mapping = mmap.mmap(self._fd, start - base + want, access=mmap.ACCESS_COPY, offset=base)
+        except ValueError:  # (mmap's word for a file shorter than the range)
+            raise ProtocolError(
+                f"{self.path}: the file ends before byte {start + want} of its part (size {self.file_size()})"
+            ) from None
         view = torch.frombuffer(mapping, dtype=like.dtype, count=like.numel(), offset=start - base)
         return view.view(like.shape)
 
