@@ -144,12 +144,15 @@ ALLREDUCE_DOUBLING_MIN_RANKS = 32
 ENV_REDUCE_THREADS = "FSDIST_REDUCE_THREADS"
 REDUCE_THREADS = int(os.environ.get(ENV_REDUCE_THREADS, "1"))
 
-#: File and directory modes: private to the user unless they opt into group access by
-#: setting FSDIST_GROUP_ACCESS=1 (ranks running as different users of one group).
+#: Who may share a job's files: by default this user alone (directories 0700, files 0600, under
+#: any umask). Ranks that run as several users name the Unix group they share (a name or a
+#: number; every such user must be in it): directories are then 2770 and in that group, files
+#: 0660, and what another member of that group made is adopted too (files/trust.py). A
+#: primary group is often everyone's, so the group is named, never implied.
+ENV_GROUP = "FSDIST_GROUP"
+#: The switch that preceded FSDIST_GROUP (group access for the primary group): refused, naming
+#: its replacement.
 ENV_GROUP_ACCESS = "FSDIST_GROUP_ACCESS"
-_GROUP = os.environ.get(ENV_GROUP_ACCESS, "") not in ("", "0")
-DIR_MODE = 0o770 if _GROUP else 0o700
-FILE_MODE = 0o660 if _GROUP else 0o600
 
 #: Collective messages whose encoding fits a state record's inline slot (state_record.INLINE_MAX,
 #: ~2 KiB) travel inside the sender's record: one locked write instead of creating, renaming,

@@ -14,6 +14,7 @@ __all__ = [
     "PeerFailedError",
     "ProtocolError",
     "RendezvousError",
+    "UntrustedPathError",
 ]
 
 
@@ -35,6 +36,11 @@ class DesyncError(FsdistError):
 
 class ProtocolError(FsdistError):
     """A file in the run directory is truncated, foreign, or of another protocol version."""
+
+
+class UntrustedPathError(ProtocolError):
+    """A path fsdist would adopt is not this user's (or FSDIST_GROUP's) alone: another user made
+    it, can write it, or it is not the kind of file it should be (files/trust.py)."""
 
 
 class RendezvousError(FsdistError):

@@ -12,12 +12,18 @@ from fsdist.defaults import ENV_ALGO
 from cases_errors import _error_text
 
 
+def node_tiers(local: str) -> list[str]:
+    """The node tiers in ``local`` (an FSDIST_LOCAL_DIR): in this user's own folder there."""
+    mine = os.path.join(local, f"fsdist-{os.geteuid()}")
+    return sorted(n for n in os.listdir(mine) if n.startswith("tier-")) if os.path.isdir(mine) else []
+
+
 def tiers_in_use() -> dict[str, bool]:
     """Whether this rank's world group keeps a node tier in its node-local directory, and whether
     the leaders' tier exists in the shared one."""
     local = os.environ["FSDIST_LOCAL_DIR"]
     shared = os.environ["FSDIST_TEST_DIR"]
-    node_tier = any(name.startswith("fsdist-") for name in os.listdir(local))
+    node_tier = bool(node_tiers(local))
     leaders = any("leaders" in dirs for _, dirs, _ in os.walk(shared))
     return {"node_tier": node_tier, "leaders_tier": leaders}
 

@@ -9,7 +9,7 @@ import struct
 import pytest
 import torch
 
-from fsdist.errors import FsdistError, ProtocolError
+from fsdist.errors import FsdistError, ProtocolError, UntrustedPathError
 from fsdist.files.io import publish
 from fsdist.files.locks import Counter, LockedRecord
 from fsdist.files.mapped import MappedFiles
@@ -153,9 +153,9 @@ def test_symlinks_are_not_followed(tmp_path) -> None:
     target = tmp_path / "elsewhere"
     target.write_bytes(b"secret")
     os.symlink(target, tmp_path / "link")
-    with pytest.raises(OSError):
+    with pytest.raises(UntrustedPathError, match="symbolic link"):
         message.Message(str(tmp_path / "link"))
-    with pytest.raises(OSError):
+    with pytest.raises(UntrustedPathError, match="symbolic link"):
         LockedRecord(str(tmp_path / "link"))
 
 

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from fsdist.c10d.store import DirectoryStore
 from fsdist.c10d.store_rendezvous import _parse_member
-from fsdist.errors import ProtocolError, RendezvousError
+from fsdist.errors import FsdistError, ProtocolError, RendezvousError
 from fsdist.files.locks import Counter
 from fsdist.protocol import failure_report, layout, message, rendezvous_record, state_record
 from fsdist.protocol.sealed import seal_json, seal_value, unseal_json
@@ -335,3 +335,225 @@ def test_a_store_member_entry_is_read_or_refused_with_a_rendezvous_error(raw: by
     except RendezvousError:
         return
     assert isinstance(member["world_size"], int) and isinstance(member["pid"], int)
+
+
+# ---- what lies at a path: another type, another owner, another mode, a huge sparse file ---------
+#
+# Every file fsdist opens goes through a handful of primitives (files/io.py ``open_file``,
+# ``read_file``; files/locks.py records and ``read_locked``; files/trust.py ``make_private_dir``;
+# files/doorbell.py's FIFOs; test_every_open_goes_through_the_checked_primitives holds that). Each
+# reader below is a real consumer of one of them, and each swap is what another user, a damaged
+# run or an accident could leave there. Every case runs in a forked child with a deadline: it must
+# end, with the file's value or an FsdistError naming it; never a hang, a MemoryError, or
+# another kind of exception.
+
+SWAPS = ["fifo", "directory", "symlink", "socket", "sparse 16 GiB", "foreign owner", "mode 0666", "mode 0620"]
+#: swaps that must be refused outright wherever fsdist expects its own regular file
+REFUSED = {"fifo", "directory", "symlink", "socket", "foreign owner", "mode 0666", "mode 0620"}
+_CASE_SECONDS = 20.0
+
+
+def _swap(path: str, kind: str, valid: bytes) -> None:
+    """Put ``kind`` at ``path`` (where fsdist expects a file holding ``valid``)."""
+    import socket
+
+    if os.path.lexists(path):
+        os.unlink(path)
+    if kind == "fifo":
+        os.mkfifo(path, 0o600)
+    elif kind == "directory":
+        os.mkdir(path, 0o700)
+    elif kind == "symlink":
+        with open(path + ".real", "wb") as real:
+            real.write(valid)
+        os.symlink(path + ".real", path)
+    elif kind == "socket":
+        with socket.socket(socket.AF_UNIX) as listener:
+            listener.bind(path)
+    else:
+        with open(path, "wb") as f:
+            f.write(valid)
+            if kind == "sparse 16 GiB":
+                f.truncate(16 << 30)
+        if kind == "foreign owner":
+            os.chown(path, 1002, 1002)
+        elif kind.startswith("mode"):
+            os.chmod(path, int(kind.split()[1], 8))
+
+
+def _rendezvous(directory: str) -> object:
+    from fsdist.job.rendezvous import rendezvous
+
+    generation = rendezvous(directory, 0, 1, timedelta(seconds=5))
+    generation.leave()
+    return generation.generation_id
+
+
+def _store_get(directory: str) -> object:
+    return DirectoryStore(directory, timedelta(seconds=2)).get("key")
+
+
+def _store_add(directory: str) -> object:
+    return DirectoryStore(directory, timedelta(seconds=2)).add("count", 1)
+
+
+def _message(directory: str) -> object:
+    with message.Message(os.path.join(directory, "m0.1.r0")) as msg:
+        return msg.seq
+
+
+def _state_record(directory: str) -> object:
+    from fsdist.files.locks import LockedRecord
+
+    with LockedRecord(os.path.join(directory, "state.r1"), create=False) as record:
+        return len(record.read(0, state_record.POSITION_SIZE))
+
+
+def _counter(directory: str) -> object:
+    with Counter(os.path.join(directory, "heartbeat.r0")) as counter:
+        return counter.get()
+
+
+def _abort_record(directory: str) -> object:
+    from fsdist.files.locks import LockedRecord
+
+    with LockedRecord(os.path.join(directory, layout.ABORT_FILE)) as record:
+        return len(record.read())
+
+
+def _status(directory: str) -> object:
+    from fsdist.inspect.status import read_status
+
+    return read_status(directory).state
+
+
+def _doorbell(directory: str) -> object:
+    from fsdist.files.doorbell import Doorbell
+
+    bell = Doorbell([os.path.join(directory, "wake.r0")], 0)
+    bell.close()
+    return "opened"
+
+
+def _run_directory(directory: str) -> object:
+    return _rendezvous(os.path.join(directory, "run"))
+
+
+def _node_folder(directory: str) -> object:
+    from fsdist.files.trust import node_directory
+
+    os.environ["FSDIST_LOCAL_DIR"] = directory
+    return node_directory()
+
+
+_VALID_RECORD = rendezvous_record.encode(
+    {"format": 1, "generation": "0123456789abcdef", "world_size": 1, "members": {}, "complete": False}
+)
+#: reader: (the path it reads, relative to its directory; valid content there; the reader)
+READERS = {
+    "rendezvous record": (layout.RENDEZVOUS_FILE, _VALID_RECORD, _rendezvous),
+    "store value": (layout.key_to_filename("key"), seal_value(b"v"), _store_get),
+    "store lock": (layout.STORE_LOCK_FILE, b"", _store_add),
+    "message file": ("m0.1.r0", VALID_MESSAGE, _message),
+    "state record": ("state.r1", b"", _state_record),
+    "counter": ("heartbeat.r0", Counter.encode(3), _counter),
+    "abort record": (layout.ABORT_FILE, b"why", _abort_record),
+    "status: rendezvous record": (layout.RENDEZVOUS_FILE, _VALID_RECORD, _status),
+    "doorbell FIFO": ("wake.r0", b"", _doorbell),
+    "run directory": ("run", b"", _run_directory),
+    "node-local folder": (f"fsdist-{os.geteuid()}", b"", _node_folder),
+}
+#: where a directory, not a file, is expected: a directory is the valid thing, a file is a swap
+_DIRECTORIES = {"run directory", "node-local folder"}
+#: where a FIFO is expected
+_FIFOS = {"doorbell FIFO"}
+
+
+def _outcome(reader: str, kind: str, directory: str) -> dict[str, object]:
+    """Swap, read, and say how it ended (in a forked child: a hang is killed at the deadline)."""
+    name, valid, read = READERS[reader]
+    path = os.path.join(directory, name)
+    if (reader in _DIRECTORIES and kind == "directory") or (reader in _FIFOS and kind == "fifo"):
+        return {"skip": "that is what belongs there"}
+    if reader in _DIRECTORIES and kind in ("sparse 16 GiB", "foreign owner", "mode 0666", "mode 0620"):
+        os.mkdir(path, 0o700)  # the same swaps, on a directory
+        if kind == "foreign owner":
+            os.chown(path, 1002, 1002)
+        elif kind.startswith("mode"):
+            os.chmod(path, int(kind.split()[1], 8) | 0o100)
+        else:
+            os.rmdir(path)
+            _swap(path, kind, valid)
+    else:
+        _swap(path, kind, valid)
+    try:
+        return {"value": repr(read(directory))}
+    except FsdistError as exc:
+        return {"refused": f"{type(exc).__name__}: {exc}"}
+    except BaseException as exc:  # noqa: BLE001 - the kind of error is what is checked
+        return {"other": f"{type(exc).__name__}: {exc}"}
+
+
+def _in_child(reader: str, kind: str, directory: str, write_end: int) -> None:
+    os.write(write_end, json.dumps(_outcome(reader, kind, directory)).encode()[:60000])
+
+
+@pytest.mark.parametrize("kind", SWAPS)
+@pytest.mark.parametrize("reader", list(READERS))
+def test_whatever_lies_where_a_file_belongs_ends_in_a_clear_error(tmp_path, reader: str, kind: str) -> None:
+    import multiprocessing
+
+    if kind == "foreign owner" and os.geteuid() != 0:
+        pytest.skip("chown to another user needs root (CI runs as root)")
+    read_end, write_end = os.pipe()
+    child = multiprocessing.get_context("fork").Process(target=_in_child, args=(reader, kind, str(tmp_path), write_end))
+    child.start()
+    os.close(write_end)
+    child.join(_CASE_SECONDS)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail(f"{reader} with a {kind}: still running after {_CASE_SECONDS:.0f} s (a hang)")
+    raw = os.read(read_end, 65536)
+    os.close(read_end)
+    assert raw, f"{reader} with a {kind}: the child died (exit code {child.exitcode})"
+    outcome = json.loads(raw)
+    if "skip" in outcome:
+        return
+    assert "other" not in outcome, f"{reader} with a {kind}: {outcome['other']}"
+    if kind in REFUSED and not (reader in _DIRECTORIES and kind == "symlink"):
+        assert "refused" in outcome, f"{reader} with a {kind} was adopted: {outcome}"
+        assert str(tmp_path) in outcome["refused"], outcome["refused"]  # it names the path
+
+
+def test_every_open_goes_through_the_checked_primitives() -> None:
+    """No module opens a path in the shared places but through the primitives that check what
+    they opened (files/io.py, files/trust.py, files/doorbell.py) or reads only /proc, its own
+    reports, or files a command's user named."""
+    import ast
+    from pathlib import Path
+
+    import fsdist
+
+    allowed = {"files/io.py", "files/trust.py", "files/doorbell.py", "files/locks.py"}
+    # not the shared places: /proc and this machine's own files; the bench's and probes' own scratch
+    elsewhere = {"job/liveness.py", "fs/mounts.py", "c10d/intraop.py", "cli/ranks.py", "cli/bench/report.py",
+                 "cli/bench/rank.py", "cli/bench/command.py", "fs/probes.py"}  # fmt: skip
+    package = Path(fsdist.__file__).parent
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        relative = str(path.relative_to(package))
+        if relative in allowed | elsewhere:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                if isinstance(func, ast.Name):
+                    owner, name = "", func.id
+                elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                    owner, name = func.value.id, func.attr
+                else:
+                    continue
+                if (owner, name) in {("os", "open"), ("", "open"), ("os", "mkfifo"), ("os", "mkdir")}:
+                    found.append(f"{relative}:{node.lineno} {owner + '.' if owner else ''}{name}")
+    assert not found, f"opens outside the checked primitives: {found}"

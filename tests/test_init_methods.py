@@ -65,8 +65,8 @@ def test_the_group_is_fsdist_and_says_where_its_files_are(pools, route: str) -> 
         "store": os.path.realpath(f"{pool.directory}/storefile") + ".fsdist",
     }
     if route == "tcp":  # node-local: a fresh folder in FSDIST_LOCAL_DIR (the test points it here)
-        assert os.path.dirname(root) == os.path.realpath(pool.directory), root
-        assert os.path.basename(root).startswith(f"fsdist-{os.getuid()}-"), root
+        assert os.path.dirname(root) == os.path.join(os.path.realpath(pool.directory), f"fsdist-{os.getuid()}")
+        assert os.path.basename(root).startswith("run-"), root
     else:
         assert root == expected[route]
 

@@ -161,8 +161,8 @@ import os, torch, torch.distributed as dist
 dist.init_process_group("fsdist")
 x = torch.full((5,), float(dist.get_rank()))
 dist.all_reduce(x)
-local = os.environ["FSDIST_LOCAL_DIR"]
-tier = any(name.startswith("fsdist-") for name in os.listdir(local))
+mine = os.path.join(os.environ["FSDIST_LOCAL_DIR"], f"fsdist-{os.geteuid()}")
+tier = os.path.isdir(mine) and any(name.startswith("tier-") for name in os.listdir(mine))
 print(f"rank {dist.get_rank()} node {os.environ['FSDIST_NODE_ID']} sum {x[0].item():.0f} node tier {tier}")
 dist.destroy_process_group()
 """
@@ -205,7 +205,8 @@ rank, mode, run = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("fsdist", init_method=f"fsdist://{run}", rank=rank, world_size=4)
 x = torch.ones(3)
 dist.all_reduce(x)
-print(sorted(os.listdir(os.environ["FSDIST_LOCAL_DIR"])), flush=True)
+mine = os.path.join(os.environ["FSDIST_LOCAL_DIR"], f"fsdist-{os.geteuid()}")
+print(sorted(os.listdir(mine)), flush=True)
 dist.barrier()
 if mode == "crash":
     os._exit(3)  # no shutdown: the generation and its node tiers stay behind
@@ -232,8 +233,8 @@ def test_a_crashed_jobs_node_tiers_go_when_the_next_job_starts(tmp_path) -> None
         return [out for out, _ in outs]
 
     job("crash")
-    left = [os.listdir(local) for local in locals_]
-    assert all(len(names) == 1 and names[0].startswith("fsdist-") for names in left), left
+    left = [cases_tiers.node_tiers(str(local)) for local in locals_]
+    assert all(len(names) == 1 and names[0].startswith("tier-") for names in left), left
     for out in job("ok"):  # each rank sees only its new generation's tier: the crashed one's is gone
         assert len(eval(out.strip())) == 1 and eval(out.strip()) != left[0] and eval(out.strip()) != left[1], out
     assert [os.listdir(local) for local in locals_] == [[], []]

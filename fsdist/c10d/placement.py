@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 
 from ..defaults import ENV_ALGO, ENV_LOCAL_DIR, ENV_NODE_ID, local_dir
+from ..files.trust import node_directory
 from ..job.generation import Generation
 from ..job.liveness import PeerWatch
 from ..job.nodes import Nodes
@@ -65,6 +66,6 @@ def two_tiers(
         )
 
     placement = generation.members[global_ranks[rank]].placement
-    node_directory = layout.node_group_dir(local_dir(), generation.generation_id, placement, directory)
+    node_tier = layout.node_group_dir(node_directory(), generation.generation_id, placement, directory)
     leaders_directory = os.path.join(directory, layout.LEADERS_DIR)
-    return NodeTiers(nodes, rank, node_directory, leaders_directory, watch_of, timeout)
+    return NodeTiers(nodes, rank, node_tier, leaders_directory, watch_of, timeout)

@@ -19,11 +19,12 @@ import torch.distributed as dist
 
 from ..defaults import DEFAULT_TIMEOUT
 from ..errors import FsdistTimeoutError, ProtocolError
-from ..files.io import make_private_dir, open_file, publish, retrying, unlink_quietly
+from ..files.io import publish, read_file, retrying, unlink_quietly
 from ..files.locks import LockedRecord
+from ..files.trust import make_private_dir
 from ..files.waiting import Deadline, poll
 from ..protocol import layout
-from ..protocol.sealed import seal_value, unseal_value
+from ..protocol.sealed import MAX_VALUE_BYTES, SEAL_BYTES, seal_value, unseal_value
 
 __all__ = ["DirectoryStore"]
 
@@ -166,17 +167,11 @@ class DirectoryStore(dist.Store):
 
     def _read_once(self, key: str) -> bytes | None:
         try:
-            fd = open_file(self._path(key), os.O_RDONLY)
+            raw = read_file(self._path(key), MAX_VALUE_BYTES + SEAL_BYTES, "a store value")
         except FileNotFoundError:
             return None
         try:
-            chunks = []
-            while chunk := os.read(fd, 1 << 20):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        try:
-            return unseal_value(b"".join(chunks))
+            return unseal_value(raw)
         except ValueError as exc:
             raise ProtocolError(f"store {self._path(key)} (key {key!r}): {exc}") from None
 

@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import secrets
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -41,10 +40,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..defaults import ENV_DIR, SHARED_DIR_GRACE_SECONDS, local_dir
-from ..errors import ProtocolError, RendezvousError
-from ..files.io import make_private_dir, remove_tree
-from ..files.locks import LockedRecord
+from ..defaults import ENV_DIR, SHARED_DIR_GRACE_SECONDS
+from ..errors import FsdistError, RendezvousError
+from ..files.io import remove_tree
+from ..files.trust import make_private_dir, node_directory, resolve_directory
 from ..files.waiting import Deadline, poll
 from ..fs import guard
 from ..job.claim import claim, confirm, withdraw
@@ -180,11 +179,11 @@ class _Exchange:
 def _run_directory(store: dist.Store) -> tuple[str | None, bool]:
     """This rank's run directory, and whether it exists for this job alone (see the docstring)."""
     if os.environ.get(ENV_DIR):
-        return os.path.realpath(os.environ[ENV_DIR]), False
+        return resolve_directory(os.environ[ENV_DIR]), False
     if isinstance(store, dist.FileStore):
-        return os.path.realpath(store.path) + ".fsdist", True  # type: ignore[attr-defined]  # stub lacks it
+        return resolve_directory(store.path) + ".fsdist", True  # type: ignore[attr-defined]  # stub lacks it
     if isinstance(store, DirectoryStore):
-        return os.path.realpath(store.directory) + ".fsdist", True
+        return resolve_directory(store.directory) + ".fsdist", True
     return None, False
 
 
@@ -279,30 +278,37 @@ def _confirm(ex: _Exchange, nonce: str, root: str | None, owns_root: bool) -> Ge
 
 
 def _local_root() -> str:
-    """A fresh private directory on this machine for a job whose ranks all run here."""
-    base = local_dir()
-    make_private_dir(base)
-    prefix = f"fsdist-{os.getuid()}-"
-    _sweep(base, prefix)
-    return tempfile.mkdtemp(prefix=prefix, dir=base)
+    """A fresh private directory on this machine for a job whose ranks all run here: in this
+    user's own node-local folder (files/trust.py), under a name nobody can know in advance."""
+    base = node_directory()
+    _sweep(base)
+    root = os.path.join(base, layout.LOCAL_RUN_PREFIX + secrets.token_hex(8))
+    make_private_dir(root)
+    return root
 
 
-def _sweep(base: str, prefix: str) -> None:
-    """Remove node-local run directories whose jobs died (a crash cannot remove its own)."""
+def _sweep(base: str) -> None:
+    """Remove single-machine run directories whose jobs died (a crash cannot remove its own).
+
+    ``base`` is this user's own folder, so nothing in it was planted by another user; a record
+    that is damaged (or a directory whose lock stays busy) is skipped, not judged."""
     for name in os.listdir(base):
         path = os.path.join(base, name)
-        record = os.path.join(path, layout.RENDEZVOUS_FILE)
-        if not name.startswith(prefix) or not os.path.exists(record):
+        if not name.startswith(layout.LOCAL_RUN_PREFIX) or not os.path.exists(
+            os.path.join(path, layout.RENDEZVOUS_FILE)
+        ):
             continue
         try:
-            with LockedRecord(record, create=False) as locked:
-                state = rendezvous_record.parse(locked.read())
-            members = state.get("members", {}).values()
+            with rendezvous_record.locked(path, create=False) as locked:
+                raw = locked.try_read()
+            if raw is None:
+                continue  # a live job is changing it right now
+            members = rendezvous_record.parse(raw).get("members", {}).values()
             if members and all(m.get("left") or _dead(m) for m in members):
                 remove_tree(path)
                 log.info("fsdist: removed %s, left by a job that died", path)
-        except (OSError, ValueError, AttributeError, KeyError, TypeError, RecursionError, ProtocolError):
-            continue  # another user's, damaged, or being removed right now: not ours to judge
+        except (OSError, ValueError, AttributeError, KeyError, TypeError, RecursionError, FsdistError):
+            continue  # damaged, or being removed right now: not ours to judge
 
 
 def _dead(member: dict[str, Any]) -> bool:

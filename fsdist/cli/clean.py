@@ -18,9 +18,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        removed = clean(args.directory, force=args.force)
+        cleaned = clean(args.directory, force=args.force)
     except RendezvousError as exc:
         print(f"fsdist clean: {exc}", file=sys.stderr)
         return 1
-    print(f"fsdist clean: removed {len(removed)} generation(s) from {args.directory}")
+    if cleaned.repaired:
+        print(f"fsdist clean: emptied the rendezvous record, which failed validation: {cleaned.repaired}")
+    names = f": {', '.join(cleaned.removed)}" if cleaned.removed else ""
+    print(f"fsdist clean: removed {len(cleaned.removed)} generation(s) from {args.directory}{names}")
+    if cleaned.left:
+        print(
+            f"fsdist clean: left {', '.join(cleaned.left)} alone: no record names it (fsdist removes only "
+            "what its record names); remove it by hand if it is a leftover of yours"
+        )
     return 0

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from .._version import __version__
+from ..errors import FsdistError
 
 #: (name, module under fsdist, one-line help).
 _COMMANDS: list[tuple[str, str, str]] = [
@@ -37,7 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             parse = getattr(
                 module, "parse_args", lambda parser, argv: parser.parse_args(argv)
             )  # a command may check more
-            return int(module.run(parse(parser, argv[len(words) :])))
+            try:
+                return int(module.run(parse(parser, argv[len(words) :])))
+            except FsdistError as exc:  # fsdist's own refusal says what and why: one line, no traceback
+                print(f"fsdist {name}: {exc}", file=sys.stderr)
+                return 1
     parser = argparse.ArgumentParser(prog="fsdist", description="fsdist: torch.distributed over a shared directory")
     parser.add_argument("--version", action="version", version=f"fsdist {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

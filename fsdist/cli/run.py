@@ -30,9 +30,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..errors import RendezvousError
+from ..errors import FsdistError, RendezvousError
 from ..files.io import open_file
 from ..files.locks import Counter, LockedRecord
+from ..files.trust import adopt_run_directory
 from ..job.clean import clean, retire_stopped
 from ..job.generation import Generation
 from ..job.rendezvous import rendezvous
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     node_rank = args.node_rank if args.node_rank is not None else int(os.environ.get("SLURM_NODEID", "0"))
     if args.max_restarts < 0:
         raise SystemExit("fsdist run: --max-restarts must be 0 or more")
-    directory = os.path.realpath(args.dir)
+    directory = adopt_run_directory(args.dir)
     job = ""  # round 0's launch generation: names this job's restart history
     for restart in range(args.max_restarts + 1):
         try:
@@ -256,7 +257,7 @@ def _failure(rank: Rank, code: int) -> dict[str, Any]:
             report.update(failure_report.parse(os.read(fd, failure_report.MAX_BYTES + 1)))
         finally:
             os.close(fd)
-    except (OSError, ValueError):
+    except (OSError, ValueError, FsdistError):  # none written, or not one to trust
         why = f"killed by signal {-code}" if code < 0 else "exited without a Python exception"
         report["message"] = f"rank {rank.rank} {why} (exit code {code})"
     return report

@@ -21,13 +21,11 @@ from __future__ import annotations
 import errno
 import os
 import select
-import stat
 import struct
 import time
 from collections.abc import Iterable
 
-from ..defaults import FILE_MODE
-from .io import OPEN_FLAGS
+from .trust import OPEN_FLAGS, check_open, refusal, sharing
 
 __all__ = ["RUN_QUEUE", "Doorbell", "RunQueue"]
 
@@ -45,19 +43,28 @@ class Doorbell:
         size = len(paths)
         self._fd = -1
         path = paths[rank]
+        made = False
         try:
-            os.mkfifo(path, FILE_MODE)
+            os.mkfifo(path, sharing().file_mode)
+            made = True
         except FileExistsError:
-            pass
+            pass  # (checked below: this rank's own FIFO from before, or planted)
         except OSError:
             path = ""  # no FIFOs here: every wait is a plain timed sleep
         if path:
             # O_RDWR: opening never blocks, and the pipe never reports end-of-file
-            fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | OPEN_FLAGS)
-            if stat.S_ISFIFO(os.fstat(fd).st_mode):
-                self._fd = fd
-            else:
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | OPEN_FLAGS)
+            except OSError as exc:
+                raise refusal(path, "FIFO", exc) from None
+            try:
+                if made and sharing().gid is not None:
+                    os.fchmod(fd, sharing().file_mode)  # the group's peers ring it, whatever the umask
+                check_open(fd, path, "FIFO")
+            except BaseException:
                 os.close(fd)
+                raise
+            self._fd = fd
         self._peers: list[int] = [-1] * size
         self._retry_at = [0.0] * size
         self._ring = _RING.pack(rank)
@@ -93,10 +100,11 @@ class Doorbell:
                 raise
             self._retry_at[peer] = now + _RETRY_OPEN_SECONDS
             return -1
-        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        try:
+            check_open(fd, self._paths[peer], "FIFO")  # a peer's FIFO, not a file or another user's pipe
+        except BaseException:
             os.close(fd)
-            self._retry_at[peer] = float("inf")
-            return -1
+            raise
         self._peers[peer] = fd
         return fd
 

@@ -15,16 +15,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ..defaults import DIR_MODE, FILE_MODE
 from ..errors import FsdistError, ProtocolError
+from .trust import OPEN_FLAGS, check_open, refusal, sharing, size_checked
 
 T = TypeVar("T")
 
 _RETRYABLE = {errno.EINTR, errno.ESTALE, errno.EAGAIN}
 _RETRIES = 20
-
-#: O_NOFOLLOW: a symlink planted in the shared directory must never redirect our reads or writes.
-OPEN_FLAGS = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
 def retrying(call: Callable[[], T]) -> T:
@@ -39,22 +36,50 @@ def retrying(call: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
-def make_private_dir(path: str) -> None:
-    """Create ``path`` (and parents) with the private directory mode; an existing one is kept."""
-    parent = os.path.dirname(path)
-    if parent and parent != path and not os.path.isdir(parent):
-        make_private_dir(parent)  # os.makedirs would give missing parents the default mode
+def open_file(path: str, flags: int, max_size: int | None = None, what: str = "") -> int:
+    """``os.open`` that never follows a symlink, never blocks, and retries transient errors.
+
+    With ``O_EXCL`` the file is made here (this user's, or the group's with FSDIST_GROUP, under
+    any umask). Without, it already existed and may not be fsdist's: it must be a regular file
+    that this user (or the group) owns and nobody else can write (files/trust.py), checked on
+    the descriptor, and no larger than ``max_size`` (``what`` names the format in the error).
+    ``O_NONBLOCK``: a FIFO planted where a file belongs opens at once, and is then refused.
+    """
+    share = sharing()
     try:
-        os.mkdir(path, DIR_MODE)  # the umask may take bits away, never add
-    except FileExistsError:
-        pass
-    if os.path.islink(path):
-        raise FsdistError(f"refusing to use {path!r}: it is a symbolic link")
+        fd = retrying(lambda: os.open(path, flags | OPEN_FLAGS | os.O_NONBLOCK, share.file_mode))
+    except OSError as exc:
+        raise refusal(path, "file", exc) from None
+    try:
+        if flags & os.O_EXCL:
+            if share.gid is not None:
+                os.fchmod(fd, share.file_mode)  # the group's, whatever the umask took away
+        else:
+            st = check_open(fd, path)
+            if max_size is not None:
+                size_checked(st, path, max_size, what or "this file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
-def open_file(path: str, flags: int, mode: int = FILE_MODE) -> int:
-    """``os.open`` that never follows a symlink and retries transient errors."""
-    return retrying(lambda: os.open(path, flags | OPEN_FLAGS, mode))
+def read_file(path: str, max_size: int, what: str) -> bytes:
+    """A whole small file (checked as ``open_file`` checks it), refused before it is read if it is
+    larger than ``max_size``."""
+    fd = open_file(path, os.O_RDONLY)
+    try:
+        size = size_checked(os.fstat(fd), path, max_size, what)
+        buffer = bytearray(size)
+        done = 0
+        while done < size:  # (a file that shrinks meanwhile reads short: its checksum refuses it)
+            got = retrying(lambda: os.preadv(fd, [memoryview(buffer)[done:]], done))
+            if got == 0:
+                break
+            done += got
+        return bytes(buffer[:done])
+    finally:
+        os.close(fd)
 
 
 def publish(directory: str, name: str, buffers: Sequence[memoryview | bytes]) -> str:

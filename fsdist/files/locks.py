@@ -39,6 +39,7 @@ from ..defaults import (
 )
 from ..errors import FsdistTimeoutError, ProtocolError
 from .io import open_file, retrying, unlink_quietly
+from .trust import size_checked
 
 _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
 _FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: type, whence, start, len, pid (0 for OFD)
@@ -48,9 +49,14 @@ _POSIX = {SHARED: fcntl.LOCK_SH, EXCLUSIVE: fcntl.LOCK_EX, UNLOCK: fcntl.LOCK_UN
 #: Called every HEALTH_CHECK_SECONDS while a lock is busy, with the seconds waited so far; it
 #: raises to end the wait (the holder is dead or stopped, the group aborted, time is up).
 OnWait = Callable[[float], None]
+#: The largest record read whole unless its format allows more (a peer's state record is read in
+#: parts of known size; the rendezvous record may be larger): a larger file is refused before
+#: anything is allocated for it, so a planted sparse file costs nothing.
+RECORD_MAX_BYTES = 1 << 20
 
 __all__ = [
-    "EXCLUSIVE", "SHARED", "UNLOCK", "Counter", "LockedRecord", "OnWait", "lock", "read_locked", "try_lock",
+    "EXCLUSIVE", "RECORD_MAX_BYTES", "SHARED", "UNLOCK", "Counter", "LockedRecord", "OnWait", "lock", "read_locked",
+    "try_lock",
 ]  # fmt: skip
 
 
@@ -116,10 +122,10 @@ def try_lock(fd: int) -> bool:
     return _try(fd, EXCLUSIVE)
 
 
-def read_locked(path: str, size: int | None = None) -> tuple[bytes, float | None]:
-    """A record's bytes (up to ``size``) and its mtime, read under a shared lock through a
-    read-only descriptor; ``(b"", None)`` if it does not exist. For readers that must never
-    create or change a file (``fsdist status``)."""
+def read_locked(path: str, size: int | None = None, max_size: int = RECORD_MAX_BYTES) -> tuple[bytes, float | None]:
+    """A record's bytes (its first ``size``, or all of it, refused if over ``max_size``) and its
+    mtime, read under a shared lock through a read-only descriptor; ``(b"", None)`` if it does not
+    exist. For readers that must never create or change a file (``fsdist status``)."""
     try:
         fd = open_file(path, os.O_RDONLY)
     except (FileNotFoundError, NotADirectoryError):
@@ -128,7 +134,9 @@ def read_locked(path: str, size: int | None = None) -> tuple[bytes, float | None
         lock(fd, SHARED, path)
         try:
             stat = os.fstat(fd)
-            return os.pread(fd, stat.st_size if size is None else size, 0), stat.st_mtime
+            if size is None:
+                size = size_checked(stat, path, max_size, "this record")
+            return os.pread(fd, size, 0), stat.st_mtime
         finally:
             lock(fd, UNLOCK)
     finally:
@@ -170,10 +178,14 @@ def _open_record(path: str, create: bool) -> int:
 class LockedRecord:
     """A file whose reads and writes happen under an fcntl lock on a descriptor kept open."""
 
-    def __init__(self, path: str, create: bool = True, on_wait: OnWait | None = None) -> None:
+    def __init__(
+        self, path: str, create: bool = True, on_wait: OnWait | None = None, max_size: int = RECORD_MAX_BYTES
+    ) -> None:
         """``on_wait``: judges a wait for a busy lock (see ``lock``); a group passes its health
-        check, so a peer stopped while holding the lock fails the wait as a stopped peer."""
+        check, so a peer stopped while holding the lock fails the wait as a stopped peer.
+        ``max_size``: the most its format holds (a whole read of a larger file is refused)."""
         self.path = path
+        self.max_size = max_size
         self._fd = _open_record(path, create)
         self._thread_lock = threading.Lock()
         self._on_wait = on_wait
@@ -240,7 +252,7 @@ class LockedRecord:
 
     def _read_unlocked(self, offset: int, size: int | None) -> bytes:
         if size is None:
-            size = max(0, os.fstat(self._fd).st_size - offset)
+            size = max(0, size_checked(os.fstat(self._fd), self.path, self.max_size, "this record") - offset)
         buffer = bytearray(size)
         view = memoryview(buffer)
         done = 0

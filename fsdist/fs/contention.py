@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ..files.io import make_private_dir, remove_tree
+from ..files.io import remove_tree
 from ..files.locks import Counter
+from ..files.trust import make_private_dir
 
 __all__ = ["Contention", "contend", "measure"]
 

@@ -16,7 +16,8 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from ..files.io import make_private_dir, remove_tree
+from ..files.io import remove_tree
+from ..files.trust import make_private_dir
 from . import probes
 from .contention import contend
 from .mounts import OK, UNSAFE, WARN, Finding, classify, find_mount

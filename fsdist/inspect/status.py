@@ -21,13 +21,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS, local_dir
+from ..defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS
 from ..errors import ProtocolError, RendezvousError
+from ..files.io import read_file
 from ..files.locks import Counter, read_locked
+from ..files.trust import adopt_run_directory, node_directory
 from ..job.liveness import Identity, is_alive, node_id
 from ..job.nodes import Nodes
 from ..protocol import failure_report, layout, rendezvous_record, state_record
-from ..protocol.sealed import unseal_value
+from ..protocol.sealed import MAX_VALUE_BYTES, SEAL_BYTES, unseal_value
 from .straggler import RankPosition, Straggler, find_straggler, holding_up, in_step_line, list_ranks
 
 __all__ = ["GroupStatus", "MemberStatus", "RankPosition", "RunStatus", "Straggler", "read_status"]
@@ -92,12 +94,12 @@ class RunStatus:
 
 def read_status(directory: str) -> RunStatus:
     """Read ``directory`` (a run directory, as given to ``--dir`` or ``fsdist://``) into a RunStatus."""
-    directory = os.path.realpath(directory)
+    directory = adopt_run_directory(directory, create=False)
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory} is not a directory")
     now = time.time()
     status = RunStatus(directory=directory, state="none", time=now)
-    raw, _ = read_locked(os.path.join(directory, layout.RENDEZVOUS_FILE))
+    raw, _ = read_locked(os.path.join(directory, layout.RENDEZVOUS_FILE), max_size=rendezvous_record.MAX_BYTES)
     status.launcher_failure = _launcher_failure(directory)
     status.restarts = _restarts(directory)
     try:
@@ -238,7 +240,7 @@ def _tiers(group: GroupStatus, generation: str, nodes_of: list[str], now: float)
         tiers.append(_group(f"{group.name} · leaders' tier", leaders, len(leader_ranks), leader_ranks, now))
     here = node_id()
     node = next((k for k, ranks in enumerate(nodes.members) if nodes_of[group.ranks[ranks[0]]] == here), None)
-    local = layout.node_group_dir(local_dir(), generation.removeprefix("gen-"), here, group.directory)
+    local = layout.node_group_dir(node_directory(create=False), generation.removeprefix("gen-"), here, group.directory)
     if node is not None and os.path.isdir(local):
         node_ranks = [group.ranks[r] for r in nodes.members[node]]
         tiers.append(_group(f"{group.name} · node {here}'s tier", local, len(node_ranks), node_ranks, now))
@@ -263,8 +265,9 @@ def _tiers(group: GroupStatus, generation: str, nodes_of: list[str], now: float)
 def _group_ranks(gen_dir: str, dirname: str) -> list[int] | None:
     key_file = layout.key_to_filename(layout.GROUP_RANKS_KEY + dirname)
     try:  # published whole by rename: no lock needed
-        with open(os.path.join(layout.store_dir(gen_dir), key_file), "rb") as published:
-            raw = published.read()
+        raw = read_file(
+            os.path.join(layout.store_dir(gen_dir), key_file), MAX_VALUE_BYTES + SEAL_BYTES, "a store value"
+        )
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
@@ -308,7 +311,7 @@ def _launcher_failure(directory: str) -> dict[str, Any] | None:
     except (FileNotFoundError, NotADirectoryError):
         return None
     for name in sorted(names):
-        raw, _ = read_locked(os.path.join(launch, name, layout.ABORT_FILE))
+        raw, _ = read_locked(os.path.join(launch, name, layout.ABORT_FILE), max_size=failure_report.MAX_BYTES)
         if raw:
             try:
                 return failure_report.parse(raw)
@@ -319,7 +322,9 @@ def _launcher_failure(directory: str) -> dict[str, Any] | None:
 
 def _restarts(directory: str) -> dict[str, Any] | None:
     """The restart history of the job last run here by ``fsdist run`` (``.launch/rounds``), if any."""
-    raw, _ = read_locked(os.path.join(directory, layout.LAUNCH_DIR, layout.ROUNDS_FILE))
+    raw, _ = read_locked(
+        os.path.join(directory, layout.LAUNCH_DIR, layout.ROUNDS_FILE), max_size=failure_report.MAX_BYTES
+    )
     if not raw:
         return None
     try:

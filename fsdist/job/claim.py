@@ -8,7 +8,6 @@ view is rank 0's directory. A generation that fails to form is withdrawn.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from datetime import timedelta
@@ -16,11 +15,11 @@ from typing import Any
 
 from ..defaults import SHARED_DIR_GRACE_SECONDS
 from ..errors import RendezvousError
-from ..files.io import make_private_dir, remove_tree, unlink_quietly
-from ..files.locks import LockedRecord
+from ..files.io import remove_tree
+from ..files.trust import adopt_run_directory
 from ..files.waiting import Deadline, poll
 from ..protocol import layout, rendezvous_record
-from ..protocol.rendezvous_record import conflict_message, parse
+from ..protocol.rendezvous_record import CorruptRecordError, conflict_message, parse, unusable
 from .clean import remove_node_tiers
 from .generation import Generation
 from .judge import judge_previous, new_generation
@@ -36,15 +35,17 @@ def claim(root: str, members: list[dict[str, Any]], timeout: timedelta, owns_roo
     members are, so nobody joins here; the directory only has to hold no other live job.
     Returns rank 0's view of the generation.
     """
-    root = os.path.realpath(root)
-    make_private_dir(root)
+    root = adopt_run_directory(root)
     world_size = len(members)
     state: dict[str, Any] = {}
     conflict: list[RendezvousError] = []
 
     def take(old: bytes) -> bytes | None:
         nonlocal state
-        previous = parse(old)
+        try:
+            previous = parse(old)
+        except CorruptRecordError as exc:
+            raise unusable(root, exc) from exc
         try:
             verdict = judge_previous(previous, world_size) if previous else "replace"
         except RendezvousError as exc:
@@ -66,7 +67,7 @@ def claim(root: str, members: list[dict[str, Any]], timeout: timedelta, owns_roo
             raise conflict[0]
         return True if state else None
 
-    with LockedRecord(os.path.join(root, layout.RENDEZVOUS_FILE)) as record:
+    with rendezvous_record.locked(root) as record:
         poll(
             taken,
             Deadline(timeout.total_seconds()),
@@ -86,13 +87,13 @@ def confirm(
     Seeing it proves that this rank's ``root`` is rank 0's directory: a record read under the
     lock is coherent across clients, so it shows up at once; ``grace`` covers slow servers.
     """
-    root = os.path.realpath(root)
+    root = adopt_run_directory(root, create=False)
     path = os.path.join(root, layout.RENDEZVOUS_FILE)
     end = time.monotonic() + grace
     seen = "no such file"
     while True:
         try:
-            with LockedRecord(path, create=False) as record:
+            with rendezvous_record.locked(root, create=False) as record:
                 state = parse(record.read())
             member = state.get("members", {}).get(str(rank), {})
             if state.get("generation") == generation_id and member.get("nonce") == nonce:
@@ -121,9 +122,7 @@ def withdraw(generation: Generation) -> None:
         remove_tree(generation.directory)
         return b""
 
-    with LockedRecord(os.path.join(generation.root, layout.RENDEZVOUS_FILE)) as record:
+    with rendezvous_record.locked(generation.root) as record:
         record.update(drop)
     if generation.owns_root:
-        unlink_quietly(os.path.join(generation.root, layout.RENDEZVOUS_FILE))
-        with contextlib.suppress(OSError):
-            os.rmdir(generation.root)
+        generation.remove_root()

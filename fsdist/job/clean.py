@@ -7,34 +7,56 @@ ranks join the generation that replaced it (the record names it: ``replaced``).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
-from ..defaults import local_dir
 from ..errors import RendezvousError
 from ..files.io import remove_tree
-from ..files.locks import LockedRecord
+from ..files.trust import adopt_run_directory, node_directory, release_node_directory
 from ..protocol import layout, rendezvous_record
-from ..protocol.rendezvous_record import parse
+from ..protocol.rendezvous_record import CorruptRecordError, is_generation_id, parse
+from ..protocol.sealed import unseal_json
 from .liveness import Identity, is_alive, node_id
 
-__all__ = ["clean", "remove_node_tiers", "retire_stopped"]
+__all__ = ["Cleaned", "clean", "recorded_generations", "remove_generations", "remove_node_tiers", "retire_stopped"]
 
 
-def clean(root: str, force: bool = False) -> list[str]:
-    """Remove every generation a dead job left in ``root``.
+@dataclass
+class Cleaned:
+    """What ``clean`` did: the generation folders it removed, why it emptied a record it could not
+    read (None if it could), and generation-like folders no record named, left alone."""
+
+    removed: list[str] = field(default_factory=list)
+    repaired: str | None = None
+    left: list[str] = field(default_factory=list)
+
+
+def clean(root: str, force: bool = False) -> Cleaned:
+    """Remove the generations a dead job left in ``root``: those its record names, nothing else.
 
     Refuses while a member is alive on this host, or (unless ``force``) runs on another host,
-    where this host cannot tell whether it is alive.
+    where this host cannot tell whether it is alive. A record that fails validation (damaged,
+    or not fsdist's) would stop every later job here, so it is emptied, and the generations a
+    still-sealed copy of it names are removed: the directory is usable again.
     """
-    removed: list[str] = []
-    path = os.path.join(root, layout.RENDEZVOUS_FILE)
-    if not os.path.exists(path):
-        return removed
-    with LockedRecord(path) as record:
+    cleaned = Cleaned()
+    root = adopt_run_directory(root, create=False)
+    if not os.path.isdir(root):
+        raise RendezvousError(f"{root} is not a directory: nothing to clean")
+    if not os.path.lexists(os.path.join(root, layout.RENDEZVOUS_FILE)):
+        cleaned.left = _unrecorded(root, [])
+        return cleaned
+    with rendezvous_record.locked(root) as record:
 
         def wipe(old: bytes) -> bytes:
-            state = parse(old)
+            try:
+                state = parse(old)
+                named = recorded_generations(state)
+            except CorruptRecordError as exc:
+                cleaned.repaired, state, named = str(exc), {}, _salvage(old)
             for member in state.get("members", {}).values():
                 who = Identity.from_json(member)
                 alive = is_alive(who)
@@ -45,15 +67,58 @@ def clean(root: str, force: bool = False) -> list[str]:
                     f"a job may be alive in {root} (pid {who.pid} on {who.host}, generation "
                     f"{state['generation']}): {hint}"
                 )
-            for name in os.listdir(root):
-                if layout.is_generation_dir(name):
-                    remove_tree(os.path.join(root, name))
-                    removed.append(name)
-            remove_node_tiers(layout.generation_id_of(name) for name in removed)
+            present = [g for g in named if os.path.lexists(layout.generation_dir(root, g))]
+            remove_node_tiers(remove_generations(root, named))
+            cleaned.removed = [os.path.basename(layout.generation_dir(root, g)) for g in present]
+            cleaned.left = _unrecorded(root, named)
             return b""
 
         record.update(wipe)
+    return cleaned
+
+
+def recorded_generations(state: dict[str, Any]) -> list[str]:
+    """The generations a parsed record names: its own, and those it replaced (whose folders and
+    node tiers may still be left where a crash interrupted their removal)."""
+    named = [state["generation"]] if state.get("generation") else []
+    return list(dict.fromkeys([*named, *state.get("replaced", [])]))
+
+
+def remove_generations(root: str, generation_ids: list[str]) -> list[str]:
+    """Remove these generations' folders from ``root``, if there; the ids of those that were. An
+    id that is not fsdist's form is skipped: ids come from a record, which may have been damaged."""
+    removed = []
+    for generation_id in generation_ids:
+        path = layout.generation_dir(root, generation_id)
+        if is_generation_id(generation_id) and os.path.lexists(path):
+            remove_tree(path)
+            removed.append(generation_id)
     return removed
+
+
+def _salvage(raw: bytes) -> list[str]:
+    """The generation ids a record that failed validation names, if its seal still holds (its
+    bytes are as some writer wrote them); none otherwise."""
+    try:
+        state = json.loads(unseal_json(raw))
+    except (ValueError, RecursionError):
+        return []
+    if not isinstance(state, dict):
+        return []
+    replaced = state.get("replaced")
+    ids = [state.get("generation"), *(replaced if isinstance(replaced, list) else [])]
+    return [g for g in ids if isinstance(g, str) and is_generation_id(g)]
+
+
+def _unrecorded(root: str, named: list[str]) -> list[str]:
+    """Folders of ``root`` named like generations that no record names: a crash between making one
+    and recording it, or the user's own. Reported, never removed."""
+    names = []
+    for name in sorted(os.listdir(root)):
+        if layout.is_generation_dir(name) and is_generation_id(layout.generation_id_of(name)):
+            if layout.generation_id_of(name) not in named:
+                names.append(name)
+    return names
 
 
 def retire_stopped(root: str) -> None:
@@ -65,10 +130,9 @@ def retire_stopped(root: str) -> None:
     gone): the next generation replaces it and removes its folder, and every launcher, however
     late, still learns which node tiers to remove.
     """
-    path = os.path.join(root, layout.RENDEZVOUS_FILE)
-    if not os.path.exists(path):
+    if not os.path.exists(os.path.join(root, layout.RENDEZVOUS_FILE)):
         return
-    with LockedRecord(path) as record:
+    with rendezvous_record.locked(root) as record:
 
         def mark(old: bytes) -> bytes | None:
             state = parse(old)
@@ -88,12 +152,14 @@ def retire_stopped(root: str) -> None:
 
 
 def remove_node_tiers(generation_ids: Iterable[str], node: str | None = None) -> None:
-    """Remove the tier directories of these generations from this machine's local directory:
-    every node's (dead generations), or only ``node``'s (its ranks are gone, others may run)."""
-    prefixes = tuple(layout.node_tier_prefix(g, node) for g in generation_ids if g)
+    """Remove the tier directories of these generations from this user's node-local folder:
+    every node's (dead generations), or only ``node``'s (its ranks are gone, others may run).
+    That folder is this user's alone (files/trust.py ``node_directory``), so what matches there
+    is fsdist's; the ids are checked to be fsdist's form."""
+    prefixes = tuple(layout.node_tier_prefix(g, node) for g in generation_ids if is_generation_id(g))
     if not prefixes:
         return
-    local = local_dir()
+    local = node_directory(create=False)
     try:
         names = os.listdir(local)
     except OSError:
@@ -101,3 +167,4 @@ def remove_node_tiers(generation_ids: Iterable[str], node: str | None = None) ->
     for name in names:
         if name.startswith(prefixes):
             remove_tree(os.path.join(local, name))
+    release_node_directory()

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ..errors import FsdistError
 from ..files.io import remove_tree, unlink_quietly
-from ..files.locks import LockedRecord
+from ..files.trust import node_directory, release_node_directory
 from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import parse
 from .clean import remove_node_tiers
@@ -60,6 +60,15 @@ class Generation:
     def heartbeat_path(self, rank: int) -> str:
         return layout.heartbeat_file(self.directory, rank)
 
+    def remove_root(self) -> None:
+        """Remove a root made for this job alone, once its record is empty and closed (and this
+        user's node-local folder with it, if that was where it lay and nothing else is left)."""
+        unlink_quietly(os.path.join(self.root, layout.RENDEZVOUS_FILE))
+        with contextlib.suppress(OSError):
+            os.rmdir(self.root)
+        if os.path.dirname(self.root) == node_directory(create=False):
+            release_node_directory()
+
     def leave(self) -> bool:
         """Mark this rank as gone; the last rank out removes the generation and empties the file.
 
@@ -88,12 +97,10 @@ class Generation:
                 return b""
             return rendezvous_record.encode(state)
 
-        with LockedRecord(os.path.join(self.root, layout.RENDEZVOUS_FILE)) as record:
+        with rendezvous_record.locked(self.root) as record:
             record.update(mark)
         if emptied and self.owns_root:  # closed first: on NFS an open file would stay as .nfsXXXX
-            unlink_quietly(os.path.join(self.root, layout.RENDEZVOUS_FILE))
-            with contextlib.suppress(OSError):
-                os.rmdir(self.root)
+            self.remove_root()
         for callback in self.on_leave:
             callback()
         self.on_leave.clear()

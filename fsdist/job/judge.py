@@ -8,15 +8,14 @@ through, and a crashed job is replaced the same way too.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 from typing import Any
 
 from ..errors import RendezvousError
-from ..files.io import make_private_dir, remove_tree
+from ..files.trust import make_private_dir
 from ..protocol import layout
 from ..protocol.rendezvous_record import FORMAT, MAX_REPLACED
-from .clean import remove_node_tiers
+from .clean import recorded_generations, remove_generations, remove_node_tiers
 from .liveness import Identity, is_alive
 
 log = logging.getLogger(__name__)
@@ -69,16 +68,21 @@ def staying(member: dict[str, Any]) -> bool:
 
 
 def new_generation(root: str, world_size: int, previous: dict[str, Any]) -> dict[str, Any]:
-    """Start a fresh generation and delete what dead generations left in ``root``."""
+    """Start a fresh generation, deleting the dead ones ``previous`` (the record) names.
+
+    Only what the record names goes, never what a name pattern matches: the run directory may
+    be a folder holding other things of the user's (``gen-notes/``), and a generation folder
+    nobody recorded is none of fsdist's business (``fsdist clean`` reports such leftovers).
+    """
     generation = secrets.token_hex(8)
-    replaced = [layout.generation_id_of(name) for name in os.listdir(root) if layout.is_generation_dir(name)]
-    for name in replaced:
-        remove_tree(layout.generation_dir(root, name))
+    named = recorded_generations(previous)
+    # the last generation, and any older one whose removal a crash interrupted
+    replaced = named[:1] + [g for g in remove_generations(root, named) if g not in named[:1]]
     remove_node_tiers(replaced)  # this node's; the others' when their ranks join (``replaced``)
     if previous:
         log.warning("fsdist: replacing dead generation %s in %s", previous.get("generation"), root)
     make_private_dir(layout.generation_dir(root, generation))
     state = {"format": FORMAT, "generation": generation, "world_size": world_size, "members": {}, "complete": False}
     if replaced:
-        state["replaced"] = sorted(replaced)[:MAX_REPLACED]
+        state["replaced"] = replaced[:MAX_REPLACED]
     return state

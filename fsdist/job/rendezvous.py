@@ -17,7 +17,6 @@ The file holds JSON, never pickle: the directory is shared with other users.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
 from datetime import timedelta
@@ -25,8 +24,7 @@ from typing import Any
 
 from ..defaults import DEFAULT_TIMEOUT, RENDEZVOUS_NOTE_SECONDS
 from ..errors import RendezvousError
-from ..files.io import make_private_dir
-from ..files.locks import LockedRecord
+from ..files.trust import adopt_run_directory
 from ..files.waiting import Deadline, poll
 from ..fs import guard
 from ..protocol import layout, rendezvous_record
@@ -37,6 +35,7 @@ from ..protocol.rendezvous_record import (
     mark_refused,
     parse,
     retire_own_stale_entries,
+    unusable,
 )
 from .clean import remove_node_tiers
 from .generation import Generation
@@ -70,11 +69,10 @@ def rendezvous(
     elastic = min_size is not None and min_size < world_size
     if elastic and (rank is not None or min_size is None or min_size < 1):
         raise RendezvousError(f"an elastic rendezvous takes slots in arrival order and 1 <= min_size: {min_size}")
-    root = os.path.realpath(root)  # the run directory itself may sit behind a link (/scratch -> ...)
-    make_private_dir(root)
+    root = adopt_run_directory(root)  # (it may sit behind a link: /scratch -> ...)
     me = {**this_process().to_json(), "nonce": secrets.token_hex(8), **guard.describe_client(root)}
     guard.refuse_known_multinode(root, me, world_size)
-    record = LockedRecord(os.path.join(root, layout.RENDEZVOUS_FILE))
+    record = rendezvous_record.locked(root)
     warned: set[str] = set()
     try:
         state: dict[str, Any] = {}
@@ -127,7 +125,7 @@ def rendezvous(
             nonlocal record
             if me["fs_hazard"]:  # a held descriptor may never see other clients' writes here
                 record.close()
-                record = LockedRecord(os.path.join(root, layout.RENDEZVOUS_FILE))
+                record = rendezvous_record.locked(root)
             try:
                 record.update(join)
                 if conflict:
@@ -136,6 +134,8 @@ def rendezvous(
             except RendezvousError as exc:
                 if isinstance(exc, CorruptRecordError) and me["fs_hazard"]:  # this mount loses locked writes
                     raise guard.corrupted(root, me["fs_hazard"], record.path, exc) from exc
+                if isinstance(exc, CorruptRecordError):
+                    raise unusable(root, exc) from exc
                 reason = str(exc)
                 record.update(lambda old: mark_refused(old, me["nonce"], reason))
                 raise
@@ -209,7 +209,7 @@ def membership_changes(generation: Generation) -> int:
     """How many members left ``generation`` (to re-form it, or for good) and how many live ranks
     wait to join it (elastic): what its other members must re-form for. A generation no longer
     recorded counts as one change."""
-    with LockedRecord(os.path.join(generation.root, layout.RENDEZVOUS_FILE)) as record:
+    with rendezvous_record.locked(generation.root) as record:
         state = parse(record.read())
     if state.get("generation") != generation.generation_id:
         return 1

@@ -26,8 +26,10 @@
                                          node), with the same files as its group folder
     ENDPOINT/RUN_ID/agents/              torchrun's agents (--rdzv-backend=fsdist): a rendezvous
     ENDPOINT/RUN_ID/workers/             their workers' run directory (a DIR as above)
-    LOCAL/fsdist-<gen id>-<node hash>-<group folder>/  two-tier groups: one node's tier, same files
-                                         (LOCAL: FSDIST_LOCAL_DIR, default /dev/shm; never shared)
+    LOCAL/fsdist-<uid>/                  this user's own folder on the node (fsdist-group-<gid> with
+                                         FSDIST_GROUP; LOCAL: FSDIST_LOCAL_DIR, default /dev/shm)
+      tier-<gen id>-<node hash>-<group folder>/  two-tier groups: one node's tier, same files
+      run-<random>/                      a single-machine job's run directory (a DIR as above)
     any folder: .tmp.<name>.<8 hex>      a file being written, renamed to <name> when complete
                                          (the file layer's own convention: files/io.py)
 
@@ -49,6 +51,7 @@ __all__ = [
     "GROUP_RANKS_KEY",
     "LAUNCH_DIR",
     "LEADERS_DIR",
+    "LOCAL_RUN_PREFIX",
     "RENDEZVOUS_FILE",
     "ROUNDS_FILE",
     "STORE_LOCK_FILE",
@@ -129,18 +132,24 @@ def group_dir(generation: str, group_name: str, incarnation: int) -> str:
 
 
 def node_group_dir(local: str, generation_id: str, node: str, group: str) -> str:
-    """Node ``node``'s tier of a group: in ``local`` (the node's own directory), named by the
-    generation, the node (a hash of its id) and the group's folder, so no other job, group or
-    node shares it (nodes may share a ``local``: containers with one /dev/shm, nodes simulated
-    on one machine), and a node's tiers can be removed without touching another's."""
+    """Node ``node``'s tier of a group: in ``local`` (this user's own folder of the node's
+    directory: files/trust.py ``node_directory``), named by the generation, the node (a hash of
+    its id) and the group's folder, so no other job, group or node shares it (nodes may share a
+    ``local``: containers with one /dev/shm, nodes simulated on one machine), and a node's tiers
+    can be removed without touching another's."""
     return os.path.join(local, f"{node_tier_prefix(generation_id, node)}{os.path.basename(group)}")
+
+
+#: The start of a single-machine job's run directory in this user's node-local folder
+#: (``run-<random>``: c10d/store_rendezvous.py).
+LOCAL_RUN_PREFIX = "run-"
 
 
 def node_tier_prefix(generation_id: str, node: str | None = None) -> str:
     """What the names of a generation's node tiers begin with: all of them, or ``node``'s."""
     if node is None:
-        return f"fsdist-{generation_id}-"
-    return f"fsdist-{generation_id}-{hashlib.sha256(node.encode()).hexdigest()[:12]}-"
+        return f"tier-{generation_id}-"
+    return f"tier-{generation_id}-{hashlib.sha256(node.encode()).hexdigest()[:12]}-"
 
 
 def state_file(group: str, rank: int) -> str:

@@ -23,21 +23,28 @@ rules that judge a record by its members' liveness are job/judge.py.
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
 from ..errors import ProtocolError, RendezvousError
+from ..files.locks import LockedRecord
+from . import layout
 from .sealed import seal_json, unseal_json
 
 __all__ = [
     "FORMAT",
+    "MAX_BYTES",
     "MAX_WAITING",
     "CorruptRecordError",
     "conflict_message",
     "encode",
+    "is_generation_id",
+    "locked",
     "mark_refused",
     "parse",
     "retire_own_stale_entries",
+    "unusable",
 ]
 
 
@@ -52,10 +59,31 @@ FORMAT = 1
 MAX_REPLACED = 16
 #: at most this many ranks wait to join a running elastic generation (more are refused)
 MAX_WAITING = 64
+#: the largest record (~40,000 members): a larger file is refused unread
+MAX_BYTES = 16 << 20
 _GENERATION_ID = re.compile(r"[0-9a-f]{16}")
 _RANK = re.compile(r"[0-9]{1,9}")
 _MEMBER_FIELDS = {"host": str, "pid": int, "start_time": int, "nonce": str}
 _OPTIONAL_FIELDS = {"machine": str, "node": str, "left": bool, "refused": str, "client": str, "fs_hazard": str}
+
+
+def locked(root: str, create: bool = True) -> LockedRecord:
+    """The rendezvous record of run directory ``root``, open (``create``: made empty if missing)."""
+    return LockedRecord(os.path.join(root, layout.RENDEZVOUS_FILE), create=create, max_size=MAX_BYTES)
+
+
+def unusable(root: str, exc: CorruptRecordError) -> CorruptRecordError:
+    """A record no rank can read stops every job in ``root``: the error says how to repair it."""
+    return CorruptRecordError(
+        f"{os.path.join(root, layout.RENDEZVOUS_FILE)}: {exc}. No job can start in {root} while it stays so: "
+        f"`fsdist clean {root}` empties it (removing only the generations it names)"
+    )
+
+
+def is_generation_id(text: str) -> bool:
+    """Whether ``text`` is a generation id as fsdist makes them (16 lowercase hex digits): only
+    such names are ever removed as a generation's."""
+    return _GENERATION_ID.fullmatch(text) is not None
 
 
 def parse(raw: bytes) -> dict[str, Any]:
@@ -78,7 +106,10 @@ def parse(raw: bytes) -> dict[str, Any]:
 
 def encode(state: dict[str, Any]) -> bytes:
     """The record's bytes for ``state`` (what every writer of the rendezvous file writes)."""
-    return seal_json(state)
+    raw = seal_json(state)
+    if len(raw) > MAX_BYTES:
+        raise RendezvousError(f"the rendezvous record would hold {len(raw)} bytes, more than {MAX_BYTES}")
+    return raw
 
 
 def _problem(state: dict[str, Any]) -> str | None:

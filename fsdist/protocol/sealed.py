@@ -20,10 +20,16 @@ import struct
 import zlib
 from typing import Any
 
-__all__ = ["seal_json", "seal_value", "unseal_json", "unseal_value"]
+__all__ = ["MAX_VALUE_BYTES", "SEAL_BYTES", "seal_json", "seal_value", "unseal_json", "unseal_value"]
+
+#: The largest store value (torch's own are a few hundred bytes; a larger ``set`` is refused, and
+#: a larger file is not read): what a reader may have to hold in memory.
+MAX_VALUE_BYTES = 64 << 20
 
 _JSON_SEAL = re.compile(rb"\n#crc32=([0-9a-f]{8})\n\Z")
 _VALUE_CRC = struct.Struct("<I")
+#: what the seal adds to a store value
+SEAL_BYTES = _VALUE_CRC.size
 
 
 def seal_json(obj: Any) -> bytes:
@@ -45,6 +51,8 @@ def unseal_json(raw: bytes) -> bytes:
 
 def seal_value(value: bytes) -> bytes:
     """``value`` followed by its CRC-32."""
+    if len(value) > MAX_VALUE_BYTES:
+        raise ValueError(f"a store value of {len(value)} bytes: fsdist's store holds at most {MAX_VALUE_BYTES}")
     return value + _VALUE_CRC.pack(zlib.crc32(value))
 
 

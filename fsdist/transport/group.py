@@ -20,8 +20,9 @@ import torch
 
 from ..defaults import COLLECTIVE_RING_MAX, GC_EVERY, INLINE, RING_BYTES
 from ..errors import PeerFailedError, ProtocolError
-from ..files.io import make_private_dir, open_file, remove_tree
+from ..files.io import open_file, remove_tree
 from ..files.locks import Counter
+from ..files.trust import make_private_dir
 from ..files.waiting import Deadline
 from ..fs.mounts import is_local
 from ..job.liveness import PeerWatch

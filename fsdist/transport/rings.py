@@ -64,7 +64,8 @@ class SendRing:
         offset = start % self.capacity
         try:
             if self._fd < 0:
-                self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT)
+                # this rank's own, made here: a file already in its place is not adopted
+                self._fd = open_file(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
                 retrying(lambda: os.ftruncate(self._fd, self.capacity))  # sparse: pages come as written
             write_all(self._fd, buffers, offset)
         except OSError as exc:

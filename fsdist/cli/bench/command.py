@@ -19,7 +19,7 @@ import tempfile
 import time
 from typing import Any
 
-from ...files.io import make_private_dir
+from ...files.trust import make_private_dir
 from .. import ranks
 from . import report
 from .plan import BACKENDS, DEFAULT_RANKS, DEFAULT_SIZES, NODE_BACKENDS, OPS, Plan, parse_size

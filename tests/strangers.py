@@ -1,0 +1,484 @@
+"""Another user on the same filesystem and node, tried for real: a victim uid, an attacker uid.
+
+Run as root by tests/test_strangers.py (``python strangers.py OUT.json``): this fresh interpreter
+imports everything a rank needs, then forks children that drop to unprivileged uids (root
+ignores file modes, so root is never the victim). Children cannot read the interpreter's files
+after dropping privileges (the virtual environment may be private to root), which is why
+everything is imported before the first fork and why no rank is a new process. Each scenario's
+findings go into one JSON file; the test module asserts on each separately.
+
+The shared places are folders made here: ``shared`` is sticky and world-writable like /tmp, and
+``shm`` stands for /dev/shm (FSDIST_LOCAL_DIR points there).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import select
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import zlib
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import fsdist
+import fsdist.c10d.backend
+import fsdist.c10d.placement
+import fsdist.c10d.store_rendezvous
+import fsdist.cli.clean
+import fsdist.cli.run
+import fsdist.cli.status  # noqa: F401
+from fsdist.cli.main import main as fsdist_main
+from fsdist.protocol import layout, rendezvous_record
+
+VICTIM, ATTACKER, COLLEAGUE = 1001, 1002, 1003
+SHARED_GID = 2000  # the group the victim and the colleague share (the attacker is not in it)
+#: what the victim's ranks all_reduce: bytes an attacker who read any message would find
+MARKER = 31415.926
+REFUSE_WITHIN = 5.0
+
+
+def as_user(uid: int, function: Callable[..., Any], *args: Any, groups: tuple[int, ...] = (), umask: int = 0o077,
+            env: dict[str, str] | None = None) -> int:  # fmt: skip
+    """Fork a child that becomes ``uid`` and runs ``function(*args)``; returns (pid, read end)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(write_end)
+        return pid, read_end  # type: ignore[return-value]
+    os.close(read_end)
+    started = time.monotonic()
+    try:
+        os.setgroups(list(groups))
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+        os.umask(umask)
+        os.environ.update(env or {})
+        result = {"value": function(*args)}
+    except BaseException as exc:  # noqa: BLE001 - every outcome goes back to the parent
+        result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+    result["seconds"] = time.monotonic() - started
+    data = json.dumps(result, default=str).encode()
+    view = memoryview(data)
+    while view:
+        view = view[os.write(write_end, view[:65536]) :]
+    os._exit(0)
+
+
+def collect(children: list[Any], timeout: float = 90) -> list[dict[str, Any]]:
+    """Every child's result (``{"error": "timed out"}`` for one killed at the deadline)."""
+    end = time.monotonic() + timeout
+    out = []
+    for pid, fd in children:
+        chunks = []
+        while True:
+            ready, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                chunks = [json.dumps({"error": "timed out (killed)"}).encode()]
+                break
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(fd)
+        os.waitpid(pid, 0)
+        raw = b"".join(chunks)
+        out.append(json.loads(raw) if raw else {"error": "the child died without a word"})
+    return out
+
+
+def one(uid: int, function: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+    return collect([as_user(uid, function, *args, **kwargs)])[0]
+
+
+# ---- what a victim rank does ---------------------------------------------------------------
+
+
+def rank_job(rank: int, world: int, init_method: str, env: dict[str, str]) -> dict[str, Any]:
+    """One rank of the victim's job: form the group, all_reduce MARKER-filled tensors (small and
+    large, so records and files both carry them), check the sums."""
+    os.environ.update(env)
+    kwargs: dict[str, Any] = {"rank": rank, "world_size": world, "timeout": timedelta(seconds=30)}
+    if init_method.startswith("tcp://"):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=init_method.rsplit(":", 1)[1], FSDIST_ENV_INIT="torch")
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
+        dist.init_process_group("fsdist", timeout=kwargs["timeout"])
+    else:
+        dist.init_process_group("fsdist", init_method=init_method, **kwargs)
+    try:
+        right = True
+        for numel in (4, 1 << 16, 1 << 19):
+            tensor = torch.full((numel,), MARKER, dtype=torch.float32)
+            dist.all_reduce(tensor)
+            right = right and bool((tensor == MARKER * world).all())
+        return {"right": right}
+    finally:
+        dist.destroy_process_group()
+
+
+def job(
+    uid: int, world: int, init_method: str, env: dict[str, str] | None = None, **kwargs: Any
+) -> list[dict[str, Any]]:
+    children = [as_user(uid, rank_job, r, world, init_method, dict(env or {}), **kwargs) for r in range(world)]
+    return collect(children)
+
+
+# ---- what an attacker does ------------------------------------------------------------------
+
+
+def marker_bytes() -> bytes:
+    return struct.pack("<f", MARKER) * 4
+
+
+def scan_for_marker(*roots: str) -> dict[str, Any]:
+    """Everything this user can read under ``roots``: files read, and those holding the marker."""
+    needle, read, found, denied = marker_bytes(), 0, [], 0
+    for root in roots:
+        for folder, _dirs, files in os.walk(root, onerror=lambda e: None):
+            for name in files:
+                path = os.path.join(folder, name)
+                try:
+                    st = os.lstat(path)
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    with open(path, "rb") as f:
+                        data = f.read(64 << 20)
+                except OSError:
+                    denied += 1
+                    continue
+                read += 1
+                if needle in data:
+                    found.append(path)
+    return {"read": read, "found": found, "denied": denied}
+
+
+def plant_adopted_run_directory(path: str) -> None:
+    """The first reproduction: a 0777 run directory with a forming generation and 0666 files."""
+    os.mkdir(path)
+    os.chmod(path, 0o777)
+    generation = "0123456789abcdef"
+    state = {"format": 1, "generation": generation, "world_size": 2, "members": {}, "complete": False}
+    record = os.path.join(path, layout.RENDEZVOUS_FILE)
+    with open(record, "wb") as f:
+        f.write(rendezvous_record.encode(state))
+    os.chmod(record, 0o666)
+    gen = layout.generation_dir(path, generation)
+    group = layout.group_dir(gen, "0", 0)
+    for folder in (gen, layout.store_dir(gen), layout.groups_dir(gen), group):
+        os.mkdir(folder)
+        os.chmod(folder, 0o777)
+    for name in ("state.r0", "state.r1", "ring0", "ring1", "abort", "closed"):
+        file = os.path.join(group, name)
+        with open(file, "wb"):
+            pass
+        os.chmod(file, 0o666)
+
+
+def try_to_write(*paths: str) -> list[str]:
+    """The paths this user could create or open for writing (there should be none)."""
+    wrote = []
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            os.close(fd)
+            wrote.append(path)
+        except OSError:
+            pass
+    return wrote
+
+
+# ---- scenarios ------------------------------------------------------------------------------
+
+
+def scenario_adopted_run_directory(shared: str, shm: str) -> dict[str, Any]:
+    """1: a run directory the attacker made (0777, a forming generation, 0666 records)."""
+    path = os.path.join(shared, "fsdist-quickstart")
+    planted = one(ATTACKER, plant_adopted_run_directory, path)
+    env = {"FSDIST_LOCAL_DIR": shm}
+    ranks = job(VICTIM, 2, f"fsdist://{path}", env)
+    launcher = one(VICTIM, cli, ["run", "--nproc-per-node", "2", "--dir", path, "job.py"], env=env)
+    scan = one(ATTACKER, scan_for_marker, shared, shm)
+    return {"planted": planted, "ranks": ranks, "launcher": launcher, "scan": scan, "path": path}
+
+
+def scenario_private_directory_in_shared_place(shared: str, shm: str) -> dict[str, Any]:
+    """The same place, a directory of the victim's own: the job runs; the attacker reads nothing,
+    and can plant nothing inside."""
+    path = os.path.join(shared, "victims-run")
+    env = {"FSDIST_LOCAL_DIR": shm}
+    # two tiers (two simulated nodes of two ranks), so node tiers exist in shm too
+    children = [
+        as_user(VICTIM, rank_job, r, 4, f"fsdist://{path}", {**env, "FSDIST_NODE_ID": f"node{r // 2}"})
+        for r in range(4)
+    ]
+    attacker = as_user(ATTACKER, _watch_and_plant, path, shm, 6.0)
+    ranks = collect(children)
+    watched = collect([attacker])[0]
+    return {"ranks": ranks, "attacker": watched, "scan": one(ATTACKER, scan_for_marker, shared, shm)}
+
+
+def _watch_and_plant(path: str, shm: str, seconds: float) -> dict[str, Any]:
+    """For ``seconds``: read whatever can be read, plant files wherever a name can be guessed."""
+    end, wrote, seen = time.monotonic() + seconds, set(), set()
+    needle, found = marker_bytes(), set()
+    while time.monotonic() < end:
+        for root in (path, shm):
+            for folder, _, files in os.walk(root, onerror=lambda e: None):
+                seen.add(folder)
+                for name in files:
+                    try:
+                        with open(os.path.join(folder, name), "rb") as f:
+                            if needle in f.read(1 << 22):
+                                found.add(os.path.join(folder, name))
+                    except OSError:
+                        pass
+        guesses = [os.path.join(path, "gen-x"), os.path.join(path, layout.RENDEZVOUS_FILE)]
+        guesses += [os.path.join(shm, f"fsdist-{VICTIM}", "planted")]
+        wrote.update(try_to_write(*guesses))
+        time.sleep(0.05)
+    return {"found": sorted(found), "wrote": sorted(wrote), "folders": len(seen)}
+
+
+def scenario_predictable_node_folder(shared: str, shm: str) -> dict[str, Any]:
+    """2: the attacker takes the victim's node-local folder name first (a 0777 directory, then a
+    symbolic link): the victim refuses, on every rank, naming it."""
+    out = {}
+    for how in ("directory", "symlink"):
+        local = os.path.join(shm, how)
+        one(0, _make_sticky, local)
+        taken = os.path.join(local, f"fsdist-{VICTIM}")
+        if how == "directory":
+            one(ATTACKER, _mkdir_mode, taken, 0o777)
+        else:
+            one(ATTACKER, os.symlink, os.path.join(shared, "elsewhere"), taken)
+        path = os.path.join(shared, f"victim-tiers-{how}")
+        env = {"FSDIST_LOCAL_DIR": local}
+        children = [
+            as_user(VICTIM, rank_job, r, 4, f"fsdist://{path}", {**env, "FSDIST_NODE_ID": f"node{r // 2}"})
+            for r in range(4)
+        ]
+        out[how] = {"ranks": collect(children), "path": taken}
+    return out
+
+
+def _make_sticky(path: str) -> None:
+    os.mkdir(path)
+    os.chmod(path, 0o1777)
+
+
+def _mkdir_mode(path: str, mode: int) -> None:
+    os.mkdir(path)
+    os.chmod(path, mode)
+
+
+def scenario_garbage_collection(shared: str, shm: str) -> dict[str, Any]:
+    """3: the victim's own folder holds gen-notes/ (and a stray gen-1002/); a crashed job there
+    is replaced by the next: only the recorded generation goes. A record wedged by a bad
+    ``replaced`` entry is repaired by ``fsdist clean``. ``--dir`` /tmp-like (world-writable) is
+    refused outright."""
+    home = os.path.join(shared, "victim-home")
+    env = {"FSDIST_LOCAL_DIR": shm}
+    one(VICTIM, _make_home, home)
+    crashed = collect([as_user(VICTIM, _crash_a_job, home, env)])[0]
+    after = job(VICTIM, 2, f"fsdist://{home}", env)
+    kept = one(VICTIM, _listing, home)
+    one(VICTIM, _wedge, home)
+    wedged = job(VICTIM, 1, f"fsdist://{home}", env)
+    cleaned = one(VICTIM, _clean, home)
+    repaired = job(VICTIM, 1, f"fsdist://{home}", env)
+    world_writable = job(VICTIM, 1, f"fsdist://{shared}", env)
+    return {
+        "crashed": crashed, "after": after, "kept": kept, "wedged": wedged, "cleaned": cleaned,
+        "repaired": repaired, "world_writable": world_writable, "shared": shared,
+    }  # fmt: skip
+
+
+def _make_home(home: str) -> None:
+    os.mkdir(home, 0o755)
+    os.makedirs(os.path.join(home, "gen-notes"))
+    with open(os.path.join(home, "gen-notes", "thesis.txt"), "w") as f:
+        f.write("four years of work\n")
+    os.makedirs(os.path.join(home, "gen-1002"))
+
+
+def _crash_a_job(home: str, env: dict[str, str]) -> dict[str, Any]:
+    """Rank 0 of a 1-rank job that dies without leaving: its generation stays recorded."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            rank_job_without_leaving(home, env)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    with open(os.path.join(home, layout.RENDEZVOUS_FILE), "rb") as f:
+        return {"recorded": rendezvous_record.parse(f.read())}
+
+
+def rank_job_without_leaving(home: str, env: dict[str, str]) -> None:
+    os.environ.update(env)
+    dist.init_process_group("fsdist", init_method=f"fsdist://{home}", rank=0, world_size=1)
+    tensor = torch.full((4,), MARKER)
+    dist.all_reduce(tensor)
+    os._exit(0)  # no destroy, no leave: a crash
+
+
+def _listing(home: str) -> dict[str, Any]:
+    return {
+        "names": sorted(os.listdir(home)),
+        "thesis": open(os.path.join(home, "gen-notes", "thesis.txt")).read(),
+    }
+
+
+def _wedge(home: str) -> None:
+    """What fsdist before this change wrote after deleting gen-notes: a record its parser refuses."""
+    state = {"format": 1, "generation": "0123456789abcdef", "world_size": 1, "members": {}, "complete": False,
+             "replaced": ["notes"]}  # fmt: skip
+    path = os.path.join(home, layout.RENDEZVOUS_FILE)
+    body = json.dumps(state).encode()
+    with open(path, "wb") as f:
+        f.write(body + b"\n#crc32=%08x\n" % zlib.crc32(body))
+
+
+def _clean(home: str) -> dict[str, Any]:
+    return {**cli(["clean", home]), "names": sorted(os.listdir(home))}
+
+
+def cli(argv: list[str]) -> dict[str, Any]:
+    """``fsdist ARGV`` in this process (a child cannot start Python: see the docstring)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = fsdist_main(argv)
+    return {"code": code, "out": out.getvalue(), "err": err.getvalue()}
+
+
+def scenario_node_local_sweep(shared: str, shm: str) -> dict[str, Any]:
+    """4: a single-machine job (torch's TCPStore, so its run directory is node-local) starts at
+    once beside a planted 16 GiB sparse record and a directory whose lock the attacker holds,
+    in the old names; and beside the same inside the victim's own folder (damage of its own)."""
+    planted = one(ATTACKER, _plant_in_shm, shm, f"fsdist-{VICTIM}-")
+    own = os.path.join(shm, f"fsdist-{VICTIM}")
+    one(VICTIM, _mkdir_mode, own, 0o700)
+    damaged = one(VICTIM, _plant_in_shm, own, layout.LOCAL_RUN_PREFIX)
+    holder = as_user(VICTIM, _hold_lock, os.path.join(own, layout.LOCAL_RUN_PREFIX + "locked"), 6.0)
+    time.sleep(0.5)
+    port = _free_port()
+    env = {"FSDIST_LOCAL_DIR": shm}
+    ranks = job(VICTIM, 2, f"tcp://127.0.0.1:{port}", env)
+    collect([holder])
+    return {"planted": planted, "damaged": damaged, "ranks": ranks}
+
+
+def _plant_in_shm(folder: str, prefix: str) -> None:
+    for name in ("sparse", "locked"):
+        path = os.path.join(folder, prefix + name)
+        os.mkdir(path)
+        with open(os.path.join(path, layout.RENDEZVOUS_FILE), "wb") as f:
+            if name == "sparse":
+                f.truncate(16 << 30)
+
+
+def _hold_lock(folder: str, seconds: float) -> None:
+    import fcntl
+
+    with open(os.path.join(folder, layout.RENDEZVOUS_FILE), "r+b") as f:
+        fcntl.lockf(f, fcntl.LOCK_EX)
+        time.sleep(seconds)
+
+
+def _free_port() -> int:
+    import socket  # torch's own TCPStore, the route under test; fsdist itself opens none
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def scenario_symlinked_run_directory(shared: str, shm: str) -> dict[str, Any]:
+    """5: a run directory named through a symbolic link: the attacker's link is refused, even to a
+    directory of the victim's; the victim's own link is followed, and its target checked."""
+    target = os.path.join(shared, "victim-target")
+    one(VICTIM, _mkdir_mode, target, 0o700)
+    theirs, mine = os.path.join(shared, "attackers-link"), os.path.join(shared, "victims-link")
+    one(ATTACKER, os.symlink, target, theirs)
+    one(VICTIM, os.symlink, target, mine)
+    env = {"FSDIST_LOCAL_DIR": shm}
+    return {
+        "attackers_link": job(VICTIM, 2, f"fsdist://{theirs}", env),
+        "victims_link": job(VICTIM, 2, f"fsdist://{mine}", env),
+        "target_after": one(VICTIM, os.listdir, target),
+    }
+
+
+def scenario_group_access(shared: str, shm: str) -> dict[str, Any]:
+    """Two users of one group run one job (FSDIST_GROUP): it works under umask 077, the files are
+    the group's, and the attacker (not in it) reads and plants nothing. The old switch is
+    refused, naming the new one."""
+    path = os.path.join(shared, "group-run")
+    env = {"FSDIST_LOCAL_DIR": shm, "FSDIST_GROUP": str(SHARED_GID)}
+    children = [
+        as_user(uid, rank_job, rank, 2, f"fsdist://{path}", env, groups=(SHARED_GID,))
+        for rank, uid in enumerate((VICTIM, COLLEAGUE))
+    ]
+    attacker = as_user(ATTACKER, _watch_and_plant, path, shm, 4.0)
+    ranks = collect(children)
+    old = job(VICTIM, 1, f"fsdist://{path}-old", {"FSDIST_LOCAL_DIR": shm, "FSDIST_GROUP_ACCESS": "1"})
+    not_member = job(ATTACKER, 1, f"fsdist://{path}-x", env)
+    mode = one(0, lambda: oct(os.stat(path).st_mode) + f" gid {os.stat(path).st_gid}")
+    return {"ranks": ranks, "attacker": collect([attacker])[0], "old_switch": old, "not_member": not_member,
+            "mode": mode, "scan": one(ATTACKER, scan_for_marker, shared, shm)}  # fmt: skip
+
+
+def main() -> None:
+    out_path = sys.argv[1]
+    only = sys.argv[2:]
+    base = tempfile.mkdtemp(prefix="fsdist-strangers-", dir="/tmp")
+    os.chmod(base, 0o755)
+    results: dict[str, Any] = {}
+    try:
+        for name, scenario in SCENARIOS.items():
+            if only and name not in only:
+                continue
+            shared, shm = os.path.join(base, name, "shared"), os.path.join(base, name, "shm")
+            os.makedirs(shared)
+            os.makedirs(shm)
+            os.chmod(os.path.dirname(shared), 0o755)
+            os.chmod(shared, 0o1777)  # like /tmp
+            os.chmod(shm, 0o1777)  # like /dev/shm
+            started = time.monotonic()
+            try:
+                results[name] = {"result": scenario(shared, shm)}
+            except Exception:  # noqa: BLE001 - reported, the test fails on it
+                results[name] = {"crash": traceback.format_exc()}
+            results[name]["seconds"] = time.monotonic() - started
+    finally:
+        subprocess.run(["rm", "-rf", base], check=False)
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1, default=str)
+
+
+SCENARIOS: dict[str, Callable[[str, str], dict[str, Any]]] = {
+    "adopted_run_directory": scenario_adopted_run_directory,
+    "private_directory_in_shared_place": scenario_private_directory_in_shared_place,
+    "predictable_node_folder": scenario_predictable_node_folder,
+    "garbage_collection": scenario_garbage_collection,
+    "node_local_sweep": scenario_node_local_sweep,
+    "symlinked_run_directory": scenario_symlinked_run_directory,
+    "group_access": scenario_group_access,
+}
+
+if __name__ == "__main__":
+    main()

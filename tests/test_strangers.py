@@ -1,0 +1,128 @@
+"""Another user on the cluster filesystem and the node: each of issue 31's reproductions, run with
+real unprivileged uids (a victim, an attacker, and a colleague who shares a group with the
+victim). tests/strangers.py runs them, one fresh interpreter forking a child per user and rank;
+here each scenario's outcome is checked on its own.
+
+What must hold: the attacker reads no tensor and plants nothing the victim adopts; the victim
+either runs correctly in a place of its own or refuses within seconds, on every rank, naming
+the path, its owner and its mode; garbage collection removes only what a record names; a
+wedged record is repaired by ``fsdist clean``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import strangers
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root, to become two unprivileged users (CI runs as root)"
+)
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("strangers") / "outcome.json"
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "strangers.py"), str(out)], cwd=HERE, capture_output=True, text=True, timeout=600
+    )
+    assert out.exists(), f"the driver wrote nothing: {proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+    return json.loads(out.read_text())
+
+
+def result(outcome: dict[str, Any], name: str) -> dict[str, Any]:
+    found = outcome[name]
+    assert "crash" not in found, found.get("crash")
+    return found["result"]
+
+
+def refused_naming(ranks: list[dict[str, Any]], path: str, *words: str) -> None:
+    """Every rank refused, quickly, with an error naming ``path`` and ``words`` (owner, mode)."""
+    for rank, outcome in enumerate(ranks):
+        error = outcome.get("error", "")
+        assert "UntrustedPathError" in error, f"rank {rank} did not refuse: {outcome}"
+        assert path in error and all(w in error for w in words), f"rank {rank}: {error}"
+        assert outcome["seconds"] < strangers.REFUSE_WITHIN, f"rank {rank} took {outcome['seconds']:.1f} s"
+
+
+def ran_right(ranks: list[dict[str, Any]]) -> None:
+    assert all(r.get("value", {}).get("right") for r in ranks), ranks
+
+
+def test_a_run_directory_another_user_made_is_refused(outcome) -> None:
+    found = result(outcome, "adopted_run_directory")
+    assert "error" not in found["planted"], found["planted"]
+    refused_naming(found["ranks"], found["path"], "uid 1002", "0777", "another user owns it")
+    launcher = found["launcher"]["value"]
+    assert launcher["code"] == 1 and found["path"] in launcher["err"] and "Traceback" not in launcher["err"]
+    assert found["scan"]["value"]["found"] == [], "the attacker read the victim's tensors"
+
+
+def test_a_private_directory_in_a_shared_place_runs_and_leaks_nothing(outcome) -> None:
+    found = result(outcome, "private_directory_in_shared_place")
+    ran_right(found["ranks"])
+    attacker = found["attacker"]["value"]
+    assert attacker["found"] == [], f"the attacker read the victim's tensors in {attacker['found']}"
+    assert attacker["wrote"] == [], f"the attacker planted {attacker['wrote']}"
+    assert found["scan"]["value"]["found"] == []
+
+
+@pytest.mark.parametrize("how", ["directory", "symlink"])
+def test_a_node_local_folder_taken_first_is_refused_on_every_rank(outcome, how: str) -> None:
+    found = result(outcome, "predictable_node_folder")[how]
+    words = ("uid 1002", "0777") if how == "directory" else ("symbolic link", "uid 1002")
+    refused_naming(found["ranks"], found["path"], *words)
+
+
+def test_garbage_collection_removes_only_recorded_generations(outcome) -> None:
+    found = result(outcome, "garbage_collection")
+    crashed = found["crashed"]["value"]["recorded"]["generation"]
+    ran_right(found["after"])
+    kept = found["kept"]["value"]
+    assert kept["thesis"] == "four years of work\n"
+    assert "gen-notes" in kept["names"] and "gen-1002" in kept["names"], kept
+    assert f"gen-{crashed}" not in kept["names"], "the crashed generation was left"
+
+
+def test_a_wedged_record_is_repaired_by_clean(outcome) -> None:
+    found = result(outcome, "garbage_collection")
+    assert "CorruptRecordError" in found["wedged"][0]["error"] and "fsdist clean" in found["wedged"][0]["error"]
+    cleaned = found["cleaned"]["value"]
+    assert cleaned["code"] == 0 and "emptied the rendezvous record" in cleaned["out"], cleaned
+    assert "gen-notes" in cleaned["names"] and "gen-1002" in cleaned["names"], "clean removed what it did not make"
+    assert "left gen-1002" not in cleaned["out"]  # not an fsdist generation id: not even mentioned
+    ran_right(found["repaired"])
+
+
+def test_a_world_writable_directory_is_never_a_run_directory(outcome) -> None:
+    found = result(outcome, "garbage_collection")
+    refused_naming(found["world_writable"], found["shared"], "every user can write it", "1777")
+
+
+def test_planted_node_local_entries_cost_nothing_at_start(outcome) -> None:
+    found = result(outcome, "node_local_sweep")
+    assert "error" not in found["planted"] and "error" not in found["damaged"]
+    ran_right(found["ranks"])
+    assert all(r["seconds"] < strangers.REFUSE_WITHIN for r in found["ranks"]), found["ranks"]
+
+
+def test_a_symbolic_link_is_followed_only_if_it_is_the_users_own(outcome) -> None:
+    found = result(outcome, "symlinked_run_directory")
+    refused_naming(found["attackers_link"], "attackers-link", "symbolic link another user owns", "uid 1002")
+    ran_right(found["victims_link"])
+
+
+def test_two_users_of_one_named_group_share_a_job_and_nobody_else_can(outcome) -> None:
+    found = result(outcome, "group_access")
+    ran_right(found["ranks"])
+    assert found["mode"]["value"] == f"0o42770 gid {strangers.SHARED_GID}", found["mode"]
+    assert found["attacker"]["value"]["found"] == [] and found["attacker"]["value"]["wrote"] == []
+    assert "FSDIST_GROUP=<group name>" in found["old_switch"][0]["error"]
+    assert "not a member of group" in found["not_member"][0]["error"]
