@@ -150,6 +150,14 @@ REDUCE_THREADS = int(os.environ.get(ENV_REDUCE_THREADS, "1"))
 #: 0660, and what another member of that group made is adopted too (files/trust.py). A
 #: primary group is often everyone's, so the group is named, never implied.
 ENV_GROUP = "FSDIST_GROUP"
+#: A file of 16-4096 secret bytes that every rank can read and nobody else can: every record,
+#: message header, store value and rendezvous record then carries a keyed MAC instead of a bare
+#: CRC-32, so an item forged or altered by anyone without the secret (root on another NFS
+#: client, say) is refused (files/seal.py). Off by default.
+ENV_SECRET_FILE = "FSDIST_SECRET_FILE"
+#: ``1``: with FSDIST_SECRET_FILE, tag message payloads too (each 64 KiB of every tensor sent);
+#: without, payloads of files and rings are covered by nothing (inline ones by a CRC).
+ENV_MAC_PAYLOADS = "FSDIST_MAC_PAYLOADS"
 #: The switch that preceded FSDIST_GROUP (group access for the primary group): refused, naming
 #: its replacement.
 ENV_GROUP_ACCESS = "FSDIST_GROUP_ACCESS"

@@ -186,8 +186,8 @@ class RankPool:
             self._collect("shutdown", CASE_TIMEOUT)
             for proc in self.processes:
                 proc.join(10)
-            remaining = sorted(os.listdir(self.directory))
-            remaining += [f"{os.path.basename(d)}/{n}" for d in self.node_dirs for n in sorted(os.listdir(d))]
+            remaining = left_in(self.directory)
+            remaining += [f"{os.path.basename(d)}/{n}" for d in self.node_dirs for n in left_in(d)]
         finally:
             self.kill()
         leftovers = [n for n in remaining if n != "fsdist-rendezvous.json"]
@@ -226,6 +226,16 @@ INIT_METHODS = {
     "(or in FSDIST_DIR if the case sets it)",
     "store": "store= a user's FileStore (a HashStore for one rank)",
 }
+
+
+def left_in(directory: str) -> list[str]:
+    """What ``directory`` holds, this user's node-local folder (``fsdist-<uid>``, which fsdist makes
+    once and keeps: files/trust.py node_directory) looked into rather than listed itself."""
+    own = f"fsdist-{os.geteuid()}"
+    names = sorted(n for n in os.listdir(directory) if n != own)
+    if os.path.isdir(os.path.join(directory, own)):
+        names += [f"{own}/{n}" for n in sorted(os.listdir(os.path.join(directory, own)))]
+    return names
 
 
 def _free_port() -> int:

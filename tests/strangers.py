@@ -14,6 +14,7 @@ The shared places are folders made here: ``shared`` is sticky and world-writable
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import json
 import os
@@ -166,26 +167,26 @@ def scan_for_marker(*roots: str) -> dict[str, Any]:
     return {"read": read, "found": found, "denied": denied}
 
 
-def plant_adopted_run_directory(path: str) -> None:
+def plant_adopted_run_directory(path: str, mode: int = 0o777) -> None:
     """The first reproduction: a 0777 run directory with a forming generation and 0666 files."""
     os.mkdir(path)
-    os.chmod(path, 0o777)
+    os.chmod(path, mode | (os.stat(path).st_mode & 0o2000))
     generation = "0123456789abcdef"
     state = {"format": 1, "generation": generation, "world_size": 2, "members": {}, "complete": False}
     record = os.path.join(path, layout.RENDEZVOUS_FILE)
     with open(record, "wb") as f:
         f.write(rendezvous_record.encode(state))
-    os.chmod(record, 0o666)
+    os.chmod(record, 0o666 if mode == 0o777 else 0o660)
     gen = layout.generation_dir(path, generation)
     group = layout.group_dir(gen, "0", 0)
     for folder in (gen, layout.store_dir(gen), layout.groups_dir(gen), group):
         os.mkdir(folder)
-        os.chmod(folder, 0o777)
+        os.chmod(folder, mode)
     for name in ("state.r0", "state.r1", "ring0", "ring1", "abort", "closed"):
         file = os.path.join(group, name)
         with open(file, "wb"):
             pass
-        os.chmod(file, 0o666)
+        os.chmod(file, 0o666 if mode == 0o777 else 0o660)
 
 
 def try_to_write(*paths: str) -> list[str]:
@@ -272,6 +273,22 @@ def scenario_predictable_node_folder(shared: str, shm: str) -> dict[str, Any]:
             for r in range(4)
         ]
         out[how] = {"ranks": collect(children), "path": taken}
+    # a job that keeps nothing node-local (flat, one node each) is not stopped by it: not when it
+    # leaves, not after a crash (its next job replaces the generation), not by `fsdist clean`
+    local = os.path.join(shm, "directory")
+    path = os.path.join(shared, "victim-flat")
+    env = {"FSDIST_LOCAL_DIR": local}
+    out["flat"] = {
+        "first": job(VICTIM, 2, f"fsdist://{path}", env),
+        "crash": collect([as_user(VICTIM, _crash_a_job, path, env)])[0],
+        "next": job(VICTIM, 2, f"fsdist://{path}", env),
+        "clean": one(VICTIM, cli, ["clean", path], env=env),
+    }
+    # FSDIST_LOCAL_DIR itself writable by everyone without the sticky bit: refused
+    loose = os.path.join(shm, "loose")
+    one(0, _mkdir_mode, loose, 0o777)
+    out["loose"] = {"ranks": job(VICTIM, 1, f"fsdist://{shared}/victim-loose", {"FSDIST_LOCAL_DIR": loose,
+                    "FSDIST_ALGO": "hier"}), "path": loose}  # fmt: skip
     return out
 
 
@@ -423,6 +440,47 @@ def scenario_symlinked_run_directory(shared: str, shm: str) -> dict[str, Any]:
     }
 
 
+def scenario_group_tricks(shared: str, shm: str) -> dict[str, Any]:
+    """A folder of the shared group that everyone may write (set-group-ID, so what anyone makes
+    there is the group's): the attacker, not in the group, plants a run directory of the group
+    there; the victim and the colleague refuse it. And a group folder made without the
+    set-group-ID bit (mkdir -m 770; chgrp): the job runs, its files the group's."""
+    open_door = os.path.join(shared, "projx-drop")
+    one(0, _group_folder, open_door, 0o3777)
+    planted = os.path.join(open_door, "run")
+    one(ATTACKER, plant_adopted_run_directory, planted, 0o770)
+    env = {"FSDIST_LOCAL_DIR": shm, "FSDIST_GROUP": "projx"}
+    planted_ranks = collect(
+        [
+            as_user(uid, rank_job, rank, 2, f"fsdist://{planted}", env, groups=(SHARED_GID,))
+            for rank, uid in enumerate((VICTIM, COLLEAGUE))
+        ]
+    )
+    no_setgid = os.path.join(shared, "projx-run")
+    one(VICTIM, _group_folder, no_setgid, 0o770, groups=(SHARED_GID,))
+    ranks = collect(
+        [
+            as_user(uid, rank_job, rank, 2, f"fsdist://{no_setgid}", env, groups=(SHARED_GID,))
+            for rank, uid in enumerate((VICTIM, COLLEAGUE))
+        ]
+    )
+    return {"planted": planted_ranks, "path": planted, "no_setgid": ranks}
+
+
+def _group_folder(path: str, mode: int) -> None:
+    os.mkdir(path)
+    os.chown(path, -1, SHARED_GID)
+    os.chmod(path, mode)
+
+
+def scenario_umask_002(shared: str, shm: str) -> dict[str, Any]:
+    """A user whose umask is 002 and whose group is their own (a user-private group, the default of
+    many systems) makes the run directory 0775 themselves: it is theirs, and it is taken."""
+    path = os.path.join(shared, "upg-run")
+    one(VICTIM, os.mkdir, path, 0o775, umask=0o002)
+    return {"ranks": job(VICTIM, 2, f"fsdist://{path}", {"FSDIST_LOCAL_DIR": shm}, umask=0o002)}
+
+
 def scenario_group_access(shared: str, shm: str) -> dict[str, Any]:
     """Two users of one group run one job (FSDIST_GROUP): it works under umask 077, the files are
     the group's, and the attacker (not in it) reads and plants nothing. The old switch is
@@ -442,11 +500,36 @@ def scenario_group_access(shared: str, shm: str) -> dict[str, Any]:
             "mode": mode, "scan": one(ATTACKER, scan_for_marker, shared, shm)}  # fmt: skip
 
 
+def users_of_this_run(base: str) -> None:
+    """Give the uids names and the shared group members, in a mount namespace of this process's
+    own (its children inherit it): /etc/passwd and /etc/group bound over with copies that add
+    them, nothing on the machine itself changed. Each user has a group of their own (a
+    user-private group); victim and colleague are also in ``projx``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x00020000) != 0:  # CLONE_NEWNS
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+    if libc.mount(b"none", b"/", None, 0x4000 | (1 << 18), None) != 0:  # MS_REC | MS_PRIVATE
+        raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+    users = {VICTIM: "victim", ATTACKER: "mallory", COLLEAGUE: "colleague"}
+    extra = {
+        "passwd": "".join(f"{n}:x:{u}:{u}::/nonexistent:/usr/sbin/nologin\n" for u, n in users.items()),
+        "group": "".join(f"{n}:x:{u}:\n" for u, n in users.items()) + f"projx:x:{SHARED_GID}:victim,colleague\n",
+    }
+    for name, lines in extra.items():
+        copy = os.path.join(base, name)
+        with open(f"/etc/{name}") as source, open(copy, "w") as out:
+            out.write(source.read().rstrip("\n") + "\n" + lines)
+        os.chmod(copy, 0o644)
+        if libc.mount(copy.encode(), f"/etc/{name}".encode(), None, 4096, None) != 0:  # MS_BIND
+            raise OSError(ctypes.get_errno(), f"mount --bind {copy} /etc/{name}")
+
+
 def main() -> None:
     out_path = sys.argv[1]
     only = sys.argv[2:]
     base = tempfile.mkdtemp(prefix="fsdist-strangers-", dir="/tmp")
     os.chmod(base, 0o755)
+    users_of_this_run(base)
     results: dict[str, Any] = {}
     try:
         for name, scenario in SCENARIOS.items():
@@ -478,6 +561,8 @@ SCENARIOS: dict[str, Callable[[str, str], dict[str, Any]]] = {
     "node_local_sweep": scenario_node_local_sweep,
     "symlinked_run_directory": scenario_symlinked_run_directory,
     "group_access": scenario_group_access,
+    "group_tricks": scenario_group_tricks,
+    "umask_002": scenario_umask_002,
 }
 
 if __name__ == "__main__":

@@ -11,12 +11,15 @@ import torch
 
 from fsdist.errors import FsdistError, ProtocolError, UntrustedPathError
 from fsdist.files.io import publish
-from fsdist.files.locks import Counter, LockedRecord
+from fsdist.files.locks import Counter, LockedRecord, encode_counter
 from fsdist.files.mapped import MappedFiles
+from fsdist.files.seal import seal
 from fsdist.protocol import message, state_record
 from fsdist.transport.spares import SparePool
 
 from harness import run_forked
+
+CRC = seal("test")  # the check without FSDIST_SECRET_FILE: a CRC-32 (tests/test_mac.py tries the MAC)
 
 CTX = mp.get_context("fork")  # the parent has imported everything; fork starts in milliseconds
 
@@ -44,7 +47,7 @@ def test_counter_compare_and_set(tmp_path) -> None:
 def _publisher(directory: str, rounds: int, size: int) -> None:
     for i in range(rounds):
         payload = torch.full((size,), i % 251, dtype=torch.uint8)
-        publish(directory, "msg", message.encode(i, 0, "fill", [payload]))
+        publish(directory, "msg", message.encode(i, 0, "fill", [payload], CRC))
 
 
 def test_reader_never_sees_a_partial_or_mixed_file(tmp_path) -> None:
@@ -55,7 +58,7 @@ def test_reader_never_sees_a_partial_or_mixed_file(tmp_path) -> None:
     seen = 0
     while writer.is_alive() or seen == 0:
         try:
-            msg = message.Message(os.path.join(directory, "msg"))
+            msg = message.Message(os.path.join(directory, "msg"), CRC)
         except FileNotFoundError:
             continue
         with msg:
@@ -71,7 +74,7 @@ def test_reader_never_sees_a_partial_or_mixed_file(tmp_path) -> None:
 
 
 def test_truncated_and_foreign_files_are_refused(tmp_path) -> None:
-    good = publish(str(tmp_path), "good", message.encode(1, 0, "x", [torch.arange(100)]))
+    good = publish(str(tmp_path), "good", message.encode(1, 0, "x", [torch.arange(100)], CRC))
     raw = open(good, "rb").read()
     (tmp_path / "foreign").write_bytes(b"GARBAGE" * 20)
     (tmp_path / "short").write_bytes(raw[:10])
@@ -79,16 +82,16 @@ def test_truncated_and_foreign_files_are_refused(tmp_path) -> None:
     (tmp_path / "cut").write_bytes(raw[:-100])
     for name in ("foreign", "short", "badcrc"):
         with pytest.raises(ProtocolError):
-            message.Message(str(tmp_path / name))
-    with message.Message(str(tmp_path / "cut")) as msg, pytest.raises(FsdistError, match="ended after"):
+            message.Message(str(tmp_path / name), CRC)
+    with message.Message(str(tmp_path / "cut"), CRC) as msg, pytest.raises(FsdistError, match="ended after"):
         msg.read_into(0, torch.empty(100, dtype=torch.int64))
 
 
 def test_inline_messages_round_trip_and_damaged_slots_are_refused() -> None:
     """Small messages in a state record's slots: found by (seq, step), parsed and bounded."""
     tensors = [torch.arange(5, dtype=torch.int16), torch.tensor(2.5, dtype=torch.float64), torch.empty(0)]
-    raw = b"".join(message.encode(9, 0, "all_gather float64[]", tensors, message.INLINE_ALIGN))
-    assert len(raw) == message.encoded_size("all_gather float64[]", tensors, message.INLINE_ALIGN)
+    raw = b"".join(message.encode(9, 0, "all_gather float64[]", tensors, CRC, message.INLINE_ALIGN))
+    assert len(raw) == message.encoded_size("all_gather float64[]", tensors, CRC, message.INLINE_ALIGN)
     assert len(raw) <= state_record.INLINE_MAX
     record = bytearray(state_record.POSITION_SIZE)
     slot = state_record.encode_slot(9, 2, raw)
@@ -97,7 +100,7 @@ def test_inline_messages_round_trip_and_damaged_slots_are_refused() -> None:
     assert state_record.find_inline(bytes(record), 8, 2) is None  # a stale slot of another operation
     found = state_record.find_inline(bytes(record), 9, 2)
     assert found == raw
-    msg = message.InlineMessage(found, "record")
+    msg = message.InlineMessage(found, "record", CRC)
     assert (msg.seq, msg.description, [p.shape for p in msg.parts]) == (9, "all_gather float64[]", [(5,), (), (0,)])
     out = torch.empty(5, dtype=torch.int16)
     msg.read_into(0, out)
@@ -111,32 +114,36 @@ def test_inline_messages_round_trip_and_damaged_slots_are_refused() -> None:
     with pytest.raises(ProtocolError, match="claims"):
         state_record.find_inline(bytes(lying), 9, 2)
     with pytest.raises(ProtocolError):
-        message.InlineMessage(raw[:-8], "record")  # a part now ends outside the message
+        message.InlineMessage(raw[:-8], "record", CRC)  # a part now ends outside the message
     with pytest.raises(ProtocolError):
-        message.InlineMessage(raw[:40], "record")  # the header itself is cut
+        message.InlineMessage(raw[:40], "record", CRC)  # the header itself is cut
 
 
 def test_pair_areas_carry_both_counters_and_small_point_to_point_messages() -> None:
     """A pair area: (sent, received), then message i in slot i mod P2P_SLOTS, found by index."""
-    first = b"".join(message.encode(4, 7, "send tag=7", [torch.arange(3)], message.INLINE_ALIGN))
-    second = b"".join(message.encode(5, 7, "send tag=7", [torch.ones(2)], message.INLINE_ALIGN))
+    first = b"".join(message.encode(4, 7, "send tag=7", [torch.arange(3)], CRC, message.INLINE_ALIGN))
+    second = b"".join(message.encode(5, 7, "send tag=7", [torch.ones(2)], CRC, message.INLINE_ALIGN))
     area = bytearray(state_record.PAIR_AREA)
-    end = state_record.put_p2p(area, 5, 2, 4, first)
+    end = state_record.put_p2p(area, 5, 2, 4, first, 1, CRC)
     assert end == state_record.p2p_slot_end(4) - state_record.P2P_SLOT_BYTES + 20 + len(first)
-    state_record.put_p2p(area, 6, 3, 5, second)
-    assert state_record.decode_pair(bytes(area)) == (6, 3)
+    state_record.put_p2p(area, 6, 3, 5, second, 1, CRC)
+    assert state_record.decode_pair(bytes(area), 1, CRC) == (6, 3)
     assert state_record.find_p2p(bytes(area), 4) == first and state_record.find_p2p(bytes(area), 5) == second
     assert state_record.find_p2p(bytes(area), 6) is None  # slot 0 holds message 4: 6 is a file
-    assert state_record.decode_pair(b"") == (0, 0)  # never written: nothing sent, nothing received
+    assert state_record.decode_pair(b"", 1, CRC) == (0, 0)  # never written: nothing sent, nothing received
     assert state_record.find_p2p(b"", 0) is None
+    counters = state_record.PAIR_COUNTERS_SIZE
     lying = bytearray(area)
-    struct.pack_into("<qII", lying, 24, 4, 0, state_record.P2P_SLOT_BYTES * 2)
+    struct.pack_into("<qII", lying, counters, 4, 0, state_record.P2P_SLOT_BYTES * 2)
     with pytest.raises(ProtocolError, match="claims"):
         state_record.find_p2p(bytes(lying), 4)
     with pytest.raises(ProtocolError, match="negative"):
-        state_record.decode_pair(state_record.encode_pair(-1, 0))
+        state_record.decode_pair(state_record.encode_pair(-1, 0, 1, CRC), 1, CRC)
     # every field a reader acts on is checksummed: one flipped bit is refused, never another value
-    for flipped_at, read in [(3, state_record.decode_pair), (24 + 20 + 40, lambda raw: state_record.find_p2p(raw, 4))]:
+    for flipped_at, read in [
+        (3, lambda raw: state_record.decode_pair(raw, 1, CRC)),
+        (counters + 20 + 40, lambda raw: state_record.find_p2p(raw, 4)),
+    ]:
         flipped = bytearray(area)
         flipped[flipped_at] ^= 0x10
         with pytest.raises(ProtocolError, match="checksum"):
@@ -145,7 +152,7 @@ def test_pair_areas_carry_both_counters_and_small_point_to_point_messages() -> N
 
 def test_a_records_flags_say_closed_and_aborted() -> None:
     for flags, closed, aborted in [(0, False, False), (1, True, False), (2, False, True), (3, True, True)]:
-        state = state_record.decode(state_record.encode(3, 1, "barrier", 0, flags), "record")
+        state = state_record.decode(state_record.encode(3, 1, "barrier", 0, flags, CRC), "record", CRC)
         assert (state.closed, state.aborted) == (closed, aborted)
 
 
@@ -154,7 +161,7 @@ def test_symlinks_are_not_followed(tmp_path) -> None:
     target.write_bytes(b"secret")
     os.symlink(target, tmp_path / "link")
     with pytest.raises(UntrustedPathError, match="symbolic link"):
-        message.Message(str(tmp_path / "link"))
+        message.Message(str(tmp_path / "link"), CRC)
     with pytest.raises(UntrustedPathError, match="symbolic link"):
         LockedRecord(str(tmp_path / "link"))
 
@@ -177,8 +184,8 @@ def test_every_dtype_round_trips(tmp_path) -> None:
             tensor = torch.tensor([[True, False], [False, True]])
         else:
             tensor = torch.arange(12).to(dtype).reshape(3, 4)
-        path = publish(str(tmp_path), "m", message.encode(7, -3, "d", [tensor]))
-        with message.Message(path) as msg:
+        path = publish(str(tmp_path), "m", message.encode(7, -3, "d", [tensor], CRC))
+        with message.Message(path, CRC) as msg:
             assert (msg.seq, msg.tag, msg.parts[0].dtype, msg.parts[0].shape) == (7, -3, dtype, tuple(tensor.shape))
             out = torch.empty_like(tensor)
             msg.read_into(0, out)
@@ -186,10 +193,10 @@ def test_every_dtype_round_trips(tmp_path) -> None:
 
 
 def test_header_layout_is_little_endian_and_fixed(tmp_path) -> None:
-    path = publish(str(tmp_path), "m", message.encode(5, 9, "ab", [torch.zeros(2, dtype=torch.int32)]))
+    path = publish(str(tmp_path), "m", message.encode(5, 9, "ab", [torch.zeros(2, dtype=torch.int32)], CRC))
     raw = open(path, "rb").read()
     magic, version, nparts, seq, tag = struct.unpack_from("<4sHHqq", raw)
-    assert (magic, version, nparts, seq, tag) == (b"FSDM", 1, 1, 5, 9)
+    assert (magic, version, nparts, seq, tag) == (b"FSDM", 2, 1, 5, 9)
 
 
 def _cross_lock(me: str, other: str, directory: str, seconds: float) -> None:
@@ -249,14 +256,14 @@ def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) 
     mapped = MappedFiles(min_bytes=1024)
     pool = SparePool(str(tmp_path), rank=0, enabled=True, max_files=2, min_bytes=1024, mapped=mapped)
     big = torch.arange(100_000, dtype=torch.float32)
-    first = publish(str(tmp_path), "m1", message.encode(1, 0, "big", [big]))
+    first = publish(str(tmp_path), "m1", message.encode(1, 0, "big", [big], CRC))
     pool.give_back(first, os.path.getsize(first))
     assert not os.path.exists(first)  # hidden: no name a reader looks up leads to it
     small = torch.full((1000,), 7.0)
     spare = pool.take(4000 + 64)
     assert spare is not None
-    spare.publish(str(tmp_path / "m2"), message.encode(2, 0, "small", [small]))
-    with message.Message(str(tmp_path / "m2")) as msg:
+    spare.publish(str(tmp_path / "m2"), message.encode(2, 0, "small", [small], CRC))
+    with message.Message(str(tmp_path / "m2"), CRC) as msg:
         out = torch.empty(1000)
         msg.read_into(0, out)
         assert msg.seq == 2 and torch.equal(out, small)
@@ -266,8 +273,8 @@ def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) 
     bigger = torch.arange(300_000, dtype=torch.float64)
     spare = pool.take(bigger.numel() * 8)
     assert spare is not None
-    spare.publish(str(tmp_path / "m3"), message.encode(3, 0, "bigger", [bigger]))
-    with message.Message(str(tmp_path / "m3")) as msg:
+    spare.publish(str(tmp_path / "m3"), message.encode(3, 0, "bigger", [bigger], CRC))
+    with message.Message(str(tmp_path / "m3"), CRC) as msg:
         out64 = torch.empty(300_000, dtype=torch.float64)
         msg.read_into(0, out64)
         assert torch.equal(out64, bigger)
@@ -275,13 +282,13 @@ def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) 
             assert torch.equal(view, bigger[1000:2000])
             view.add_(1)  # a private mapping: the writer's file is untouched
     for _ in range(2):  # seen before: read through the kept mapping
-        with message.Message(str(tmp_path / "m3"), mapped=mapped) as msg:
+        with message.Message(str(tmp_path / "m3"), CRC, mapped=mapped) as msg:
             out64.zero_()
             msg.read_into(0, out64)
             assert torch.equal(out64, bigger)
     assert len(mapped._maps) == 1
     (kept,) = mapped._maps.values()
-    with message.Message(str(tmp_path / "m3"), mapped=mapped) as msg:
+    with message.Message(str(tmp_path / "m3"), CRC, mapped=mapped) as msg:
         operand = msg.mapped(0, out64[1000:2000], byte_offset=1000 * 8)
     with operand as view:  # a reduction's operand: the kept mapping itself, held for the block
         assert kept.users == 1 and torch.equal(view, bigger[1000:2000])
@@ -367,9 +374,9 @@ def test_a_held_operand_is_the_shared_file_and_outlives_forget_sweeps_and_close(
 def test_a_message_file_shorter_than_its_part_is_a_protocol_error_when_mapped(tmp_path) -> None:
     """A part the file does not hold is refused in words, not with mmap's ValueError."""
     big = torch.arange(100_000, dtype=torch.float32)
-    path = publish(str(tmp_path), "m", message.encode(1, 0, "big", [big]))
+    path = publish(str(tmp_path), "m", message.encode(1, 0, "big", [big], CRC))
     os.truncate(path, 8192)
-    with message.Message(path) as msg, pytest.raises(ProtocolError, match="ends before"):
+    with message.Message(path, CRC) as msg, pytest.raises(ProtocolError, match="ends before"):
         msg.mapped(0, big)
 
 
@@ -422,7 +429,7 @@ def test_a_busy_lock_is_judged_while_waited_for_and_never_waits_past_its_limit(t
     from fsdist.files import locks
 
     path = str(tmp_path / "record")
-    LockedRecord(path).write(Counter.encode(12345678))
+    LockedRecord(path).write(encode_counter(12345678, path))
     ready, release = CTX.Event(), CTX.Event()
     holder = CTX.Process(target=_hold_lock, args=(path, ready, release))
     holder.start()

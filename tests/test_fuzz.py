@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
-import zlib
 from datetime import timedelta
 
 import pytest
@@ -27,7 +25,8 @@ from hypothesis import strategies as st
 from fsdist.c10d.store import DirectoryStore
 from fsdist.c10d.store_rendezvous import _parse_member
 from fsdist.errors import FsdistError, ProtocolError, RendezvousError
-from fsdist.files.locks import Counter
+from fsdist.files.locks import Counter, decode_counter, encode_counter
+from fsdist.files.seal import TAG_BYTES, seal
 from fsdist.protocol import failure_report, layout, message, rendezvous_record, state_record
 from fsdist.protocol.sealed import seal_json, seal_value, unseal_json
 
@@ -61,7 +60,8 @@ def _flip(raw: bytes, bits: list[int]) -> bytes:
 # ---- message (files, inline slots, point-to-point slots) ------------------------------------
 
 _TENSORS = [torch.arange(6, dtype=torch.float32).view(2, 3), torch.tensor(7, dtype=torch.int64), torch.zeros(0)]
-VALID_MESSAGE = b"".join(bytes(b) for b in message.encode(12, 3, "all_reduce SUM float32[2, 3]", _TENSORS, 16))
+CRC = seal("fuzz")  # the check without FSDIST_SECRET_FILE (tests/test_mac.py: with one)
+VALID_MESSAGE = b"".join(bytes(b) for b in message.encode(12, 3, "all_reduce SUM float32[2, 3]", _TENSORS, CRC, 16))
 
 
 def _with_crc(raw: bytes) -> bytes:
@@ -69,14 +69,14 @@ def _with_crc(raw: bytes) -> bytes:
     if len(raw) < message._FIXED.size:
         return raw
     header_len = message._FIXED.unpack_from(raw)[5]
-    if not message._FIXED.size + message._CRC.size <= header_len <= len(raw):
+    if not message._FIXED.size + TAG_BYTES <= header_len <= len(raw):
         return raw
-    body = raw[: header_len - message._CRC.size]
-    return body + struct.pack("<I", zlib.crc32(body)) + raw[header_len:]
+    body = raw[: header_len - TAG_BYTES]
+    return body + CRC.tag(body) + raw[header_len:]
 
 
 def _read_message(raw: bytes) -> None:
-    msg = message.InlineMessage(raw, "fuzz")
+    msg = message.InlineMessage(raw, "fuzz", CRC)
     for index, part in enumerate(msg.parts):
         dest = torch.empty(part.nbytes, dtype=torch.uint8)
         msg.read_into(index, dest)
@@ -86,7 +86,7 @@ def _read_message(raw: bytes) -> None:
 @given(raw=_mutations(VALID_MESSAGE))
 def test_a_message_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
     try:
-        msg = message.InlineMessage(raw, "fuzz")
+        msg = message.InlineMessage(raw, "fuzz", CRC)
     except ProtocolError:
         return
     # a header that passed its checksum is the one written: same seq, tag, description, parts
@@ -110,7 +110,7 @@ def test_a_message_file_is_read_or_refused_with_a_protocol_error(tmp_path_factor
     path = tmp_path_factory.mktemp("fuzz") / name
     path.write_bytes(_with_crc(raw))
     try:
-        with message.Message(str(path)) as msg:
+        with message.Message(str(path), CRC) as msg:
             for index, part in enumerate(msg.parts):
                 if 0 <= part.nbytes <= 1 << 20:  # what a reader would ask for: a tensor it owns
                     msg.read_into(index, torch.empty(part.nbytes, dtype=torch.uint8))
@@ -142,7 +142,7 @@ def test_a_ring_reference_and_its_message_are_read_or_refused_with_a_protocol_er
             return
         offset, length = found
         assert offset >= 0 and offset + length <= _RING
-        msg = message.Message.in_ring(fd, offset, length, "fuzz")
+        msg = message.Message.in_ring(fd, offset, length, "fuzz", CRC)
         for index, part in enumerate(msg.parts):
             assert part.offset + part.nbytes <= length
             msg.read_into(index, torch.empty(part.nbytes, dtype=torch.uint8))
@@ -157,13 +157,13 @@ def test_a_ring_reference_and_its_message_are_read_or_refused_with_a_protocol_er
 
 # ---- state records ----------------------------------------------------------------------------
 
-VALID_RECORD = state_record.encode(41, 2, "broadcast float32[4] root=0", 0x1234, state_record.FLAG_CLOSED)
+VALID_RECORD = state_record.encode(41, 2, "broadcast float32[4] root=0", 0x1234, state_record.FLAG_CLOSED, CRC)
 #: a record's position part as a peer reads it: the header, then slot 1 holding a message of step 1
 VALID_POSITION = bytearray(state_record.POSITION_SIZE)
 VALID_POSITION[: len(VALID_RECORD)] = VALID_RECORD
 _SLOT = state_record.encode_slot(41, 1, VALID_MESSAGE)
 VALID_POSITION[state_record.slot_offset(1) : state_record.slot_offset(1) + len(_SLOT)] = _SLOT
-WRITTEN_STATE = state_record.decode(VALID_RECORD, "fuzz")
+WRITTEN_STATE = state_record.decode(VALID_RECORD, "fuzz", CRC)
 
 
 @FUZZ
@@ -171,7 +171,7 @@ WRITTEN_STATE = state_record.decode(VALID_RECORD, "fuzz")
 def test_a_state_record_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
     """Header and slots are checksummed: what is read is what was written, or refused."""
     try:
-        state = state_record.decode(raw, "fuzz")
+        state = state_record.decode(raw, "fuzz", CRC)
         assert state == WRITTEN_STATE or (state is state_record.NOT_STARTED and len(raw) < 32)
     except ProtocolError:
         pass
@@ -184,7 +184,7 @@ def test_a_state_record_is_read_or_refused_with_a_protocol_error(raw: bytes) -> 
 
 
 VALID_PAIR = bytearray(state_record.PAIR_AREA)
-state_record.put_p2p(VALID_PAIR, 5, 2, 4, VALID_MESSAGE)
+state_record.put_p2p(VALID_PAIR, 5, 2, 4, VALID_MESSAGE, 1, CRC)
 
 
 @FUZZ
@@ -192,7 +192,7 @@ state_record.put_p2p(VALID_PAIR, 5, 2, 4, VALID_MESSAGE)
 def test_a_pair_area_is_read_or_refused_with_a_protocol_error(raw: bytes, index: int) -> None:
     """The counters and each slot are checksummed: the written values, or refused."""
     try:
-        counters = state_record.decode_pair(raw)
+        counters = state_record.decode_pair(raw, 1, CRC)
         never_written = not any(raw[: state_record.PAIR_COUNTERS_SIZE])
         assert counters == (5, 2) or (counters == (0, 0) and never_written)
     except ProtocolError:
@@ -205,11 +205,11 @@ def test_a_pair_area_is_read_or_refused_with_a_protocol_error(raw: bytes, index:
 
 
 @FUZZ
-@given(raw=_mutations(Counter.encode(123456789)))
+@given(raw=_mutations(encode_counter(123456789, "heartbeat.r0")))
 def test_a_counter_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
     """A counter is checksummed: its value, 0 for an empty file, or refused."""
     try:
-        value = Counter.decode(raw)
+        value = decode_counter(raw, "heartbeat.r0")
     except ProtocolError:
         return
     assert value == 123456789 or (value == 0 and raw == b"")
@@ -232,26 +232,32 @@ _JSON = st.recursive(
 )
 
 
-def _json_variants(valid: dict, seal: bool = True) -> st.SearchStrategy[bytes]:
+def _json_variants(valid: dict, identity: str | None) -> st.SearchStrategy[bytes]:
     """``valid`` with one top-level or member field replaced by arbitrary JSON, or removed, under a
-    valid seal (``seal``) or as plain JSON."""
+    valid seal of ``identity`` (the record's), or as plain JSON (None)."""
     keys = sorted(valid)
-    dump = seal_json if seal else (lambda obj: json.dumps(obj).encode())
+    dump = (lambda obj: seal_json(obj, identity)) if identity else (lambda obj: json.dumps(obj).encode())
     replaced = st.tuples(st.sampled_from(keys), _JSON).map(lambda kv: dump({**valid, kv[0]: kv[1]}))
     removed = st.sampled_from(keys).map(lambda k: dump({n: v for n, v in valid.items() if n != k}))
     return st.one_of(replaced, removed, _JSON.map(dump))
 
 
-def _damaged_or_forged(valid: bytes, fields: dict) -> st.SearchStrategy[tuple[bytes, bool]]:
+def _damaged_or_forged(valid: bytes, fields: dict, identity: str) -> st.SearchStrategy[tuple[bytes, bool]]:
     """(raw, damaged): ``valid`` mutated (True), or a forged record under a valid seal (False)."""
     return st.one_of(
-        _mutations(valid).map(lambda raw: (raw, raw != valid)), _json_variants(fields).map(lambda raw: (raw, False))
+        _mutations(valid).map(lambda raw: (raw, raw != valid)),
+        _json_variants(fields, identity).map(lambda raw: (raw, False)),
     )
 
 
 @FUZZ
-@given(case=_damaged_or_forged(VALID_RENDEZVOUS, RENDEZVOUS_STATE))
-@example(case=(seal_json(json.loads(json.dumps(RENDEZVOUS_STATE).replace('"1": {', '"\\u00b2": {'))), False))
+@given(case=_damaged_or_forged(VALID_RENDEZVOUS, RENDEZVOUS_STATE, layout.RENDEZVOUS_FILE))
+@example(
+    case=(
+        seal_json(json.loads(json.dumps(RENDEZVOUS_STATE).replace('"1": {', '"\\u00b2": {')), layout.RENDEZVOUS_FILE),
+        False,
+    )
+)
 def test_a_rendezvous_record_is_read_or_refused_as_corrupt(case: tuple[bytes, bool]) -> None:
     """(The example: a Unicode digit as a rank, found at 10,000.)"""
     raw, damaged = case
@@ -271,7 +277,7 @@ VALID_REPORT = failure_report.encode(REPORT)
 
 
 @FUZZ
-@given(case=_damaged_or_forged(VALID_REPORT, REPORT))
+@given(case=_damaged_or_forged(VALID_REPORT, REPORT, "failure report"))
 def test_a_failure_report_is_read_or_refused_with_a_value_error(case: tuple[bytes, bool]) -> None:
     raw, damaged = case
     try:
@@ -287,7 +293,9 @@ ROUNDS = failure_report.parse_rounds(VALID_ROUNDS)
 
 
 @FUZZ
-@given(case=_damaged_or_forged(VALID_ROUNDS, json.loads(unseal_json(VALID_ROUNDS))))
+@given(
+    case=_damaged_or_forged(VALID_ROUNDS, json.loads(unseal_json(VALID_ROUNDS, "restart history")), "restart history")
+)
 def test_a_restart_history_is_read_or_refused_with_a_value_error(case: tuple[bytes, bool]) -> None:
     raw, damaged = case
     try:
@@ -309,7 +317,7 @@ STORE_VALUE = json.dumps({"generation": "0123456789abcdef", "local_root": ""}).e
 
 
 @FUZZ
-@given(raw=_mutations(seal_value(STORE_VALUE)))
+@given(raw=_mutations(seal_value(STORE_VALUE, layout.key_to_filename("fsdist/generation"))))
 def test_a_store_value_is_read_or_refused_with_a_protocol_error(tmp_path_factory, raw: bytes) -> None:
     """A key file holds its value and the value's CRC: what ``get`` returns is what was set."""
     store = DirectoryStore(str(tmp_path_factory.mktemp("store")), timedelta(seconds=1))
@@ -328,7 +336,7 @@ _STORE_MEMBER = {"format": 1, "world_size": 2, "root": "/r", "host": "h", "pid":
 
 
 @FUZZ
-@given(raw=st.one_of(_mutations(json.dumps(_STORE_MEMBER).encode()), _json_variants(_STORE_MEMBER, seal=False)))
+@given(raw=st.one_of(_mutations(json.dumps(_STORE_MEMBER).encode()), _json_variants(_STORE_MEMBER, None)))
 def test_a_store_member_entry_is_read_or_refused_with_a_rendezvous_error(raw: bytes) -> None:
     try:
         member = _parse_member(raw, 1)
@@ -350,6 +358,7 @@ def test_a_store_member_entry_is_read_or_refused_with_a_rendezvous_error(raw: by
 SWAPS = ["fifo", "directory", "symlink", "socket", "sparse 16 GiB", "foreign owner", "mode 0666", "mode 0620"]
 #: swaps that must be refused outright wherever fsdist expects its own regular file
 REFUSED = {"fifo", "directory", "symlink", "socket", "foreign owner", "mode 0666", "mode 0620"}
+_OTHERS = 12345  # a group that is not the user's own (root may give a file to it)
 _CASE_SECONDS = 20.0
 
 
@@ -379,6 +388,8 @@ def _swap(path: str, kind: str, valid: bytes) -> None:
             os.chown(path, 1002, 1002)
         elif kind.startswith("mode"):
             os.chmod(path, int(kind.split()[1], 8))
+            if kind == "mode 0620":  # a group of others (not the user's own private group)
+                os.chown(path, -1, _OTHERS)
 
 
 def _rendezvous(directory: str) -> object:
@@ -398,7 +409,7 @@ def _store_add(directory: str) -> object:
 
 
 def _message(directory: str) -> object:
-    with message.Message(os.path.join(directory, "m0.1.r0")) as msg:
+    with message.Message(os.path.join(directory, "m0.1.r0"), CRC) as msg:
         return msg.seq
 
 
@@ -446,22 +457,28 @@ def _node_folder(directory: str) -> object:
     return node_directory()
 
 
+def _secret_file(directory: str) -> object:
+    os.environ["FSDIST_SECRET_FILE"] = os.path.join(directory, "secret")
+    return seal("x").keyed
+
+
 _VALID_RECORD = rendezvous_record.encode(
     {"format": 1, "generation": "0123456789abcdef", "world_size": 1, "members": {}, "complete": False}
 )
 #: reader: (the path it reads, relative to its directory; valid content there; the reader)
 READERS = {
     "rendezvous record": (layout.RENDEZVOUS_FILE, _VALID_RECORD, _rendezvous),
-    "store value": (layout.key_to_filename("key"), seal_value(b"v"), _store_get),
+    "store value": (layout.key_to_filename("key"), seal_value(b"v", layout.key_to_filename("key")), _store_get),
     "store lock": (layout.STORE_LOCK_FILE, b"", _store_add),
     "message file": ("m0.1.r0", VALID_MESSAGE, _message),
     "state record": ("state.r1", b"", _state_record),
-    "counter": ("heartbeat.r0", Counter.encode(3), _counter),
+    "counter": ("heartbeat.r0", encode_counter(3, "heartbeat.r0"), _counter),
     "abort record": (layout.ABORT_FILE, b"why", _abort_record),
     "status: rendezvous record": (layout.RENDEZVOUS_FILE, _VALID_RECORD, _status),
     "doorbell FIFO": ("wake.r0", b"", _doorbell),
     "run directory": ("run", b"", _run_directory),
     "node-local folder": (f"fsdist-{os.geteuid()}", b"", _node_folder),
+    "secret file": ("secret", os.urandom(32), _secret_file),
 }
 #: where a directory, not a file, is expected: a directory is the valid thing, a file is a swap
 _DIRECTORIES = {"run directory", "node-local folder"}
@@ -481,6 +498,8 @@ def _outcome(reader: str, kind: str, directory: str) -> dict[str, object]:
             os.chown(path, 1002, 1002)
         elif kind.startswith("mode"):
             os.chmod(path, int(kind.split()[1], 8) | 0o100)
+            if kind == "mode 0620":
+                os.chown(path, -1, _OTHERS)
         else:
             os.rmdir(path)
             _swap(path, kind, valid)
@@ -503,8 +522,8 @@ def _in_child(reader: str, kind: str, directory: str, write_end: int) -> None:
 def test_whatever_lies_where_a_file_belongs_ends_in_a_clear_error(tmp_path, reader: str, kind: str) -> None:
     import multiprocessing
 
-    if kind == "foreign owner" and os.geteuid() != 0:
-        pytest.skip("chown to another user needs root (CI runs as root)")
+    if kind in ("foreign owner", "mode 0620") and os.geteuid() != 0:
+        pytest.skip("chown to another user or group needs root (CI runs as root)")
     read_end, write_end = os.pipe()
     child = multiprocessing.get_context("fork").Process(target=_in_child, args=(reader, kind, str(tmp_path), write_end))
     child.start()
@@ -521,7 +540,8 @@ def test_whatever_lies_where_a_file_belongs_ends_in_a_clear_error(tmp_path, read
     if "skip" in outcome:
         return
     assert "other" not in outcome, f"{reader} with a {kind}: {outcome['other']}"
-    if kind in REFUSED and not (reader in _DIRECTORIES and kind == "symlink"):
+    followed = reader in _DIRECTORIES or reader == "secret file"  # (a link of the user's own may lead to it)
+    if kind in REFUSED and not (followed and kind == "symlink"):
         assert "refused" in outcome, f"{reader} with a {kind} was adopted: {outcome}"
         assert str(tmp_path) in outcome["refused"], outcome["refused"]  # it names the path
 
@@ -535,7 +555,7 @@ def test_every_open_goes_through_the_checked_primitives() -> None:
 
     import fsdist
 
-    allowed = {"files/io.py", "files/trust.py", "files/doorbell.py", "files/locks.py"}
+    allowed = {"files/io.py", "files/trust.py", "files/doorbell.py", "files/locks.py", "files/seal.py"}
     # not the shared places: /proc and this machine's own files; the bench's and probes' own scratch
     elsewhere = {"job/liveness.py", "fs/mounts.py", "c10d/intraop.py", "cli/ranks.py", "cli/bench/report.py",
                  "cli/bench/rank.py", "cli/bench/command.py", "fs/probes.py"}  # fmt: skip

@@ -36,6 +36,14 @@ def _source_constants(relpath: str) -> dict[str, Any]:
     path = REPO / relpath
     values: dict[str, Any] = {}
     for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.level and node.module:  # fsdist's own constants
+            base = Path(relpath).parent.parts[: len(Path(relpath).parent.parts) - (node.level - 1)]
+            module = Path(*base, *node.module.split(".")).with_suffix(".py")
+            if not (REPO / module).is_file():
+                continue  # a package: its modules are imported, not constants
+            imported = _source_constants(str(module))
+            values.update({a.asname or a.name: imported[a.name] for a in node.names if a.name in imported})
+            continue
         if isinstance(node, ast.Assign):
             target = node.targets[0]
         elif isinstance(node, ast.AnnAssign) and node.value is not None:

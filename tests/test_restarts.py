@@ -28,6 +28,8 @@ import torch
 
 from fsdist.protocol import failure_report
 
+from harness import left_in
+
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "train_restartable.py")
 STEPS = 16
 EVERY = 4  # checkpoint every EVERY steps
@@ -76,7 +78,7 @@ def _left_behind(tmp: Path) -> tuple[set[str], list[str]]:
     """The run directory's files, and whatever the node-local directories still hold."""
     run = tmp / "run"
     files = {str(p.relative_to(run)) for p in run.rglob("*")}
-    local = [str(p) for node in (0, 1) for p in (tmp / f"local{node}").iterdir()]
+    local = [f"local{node}/{name}" for node in (0, 1) for name in left_in(str(tmp / f"local{node}"))]
     return files, local
 
 
@@ -191,7 +193,7 @@ def test_torchrun_max_restarts_over_the_fsdist_rendezvous(tmp_path, uninterrupte
         assert torch.equal(got[name], value), f"parameter {name} differs from the uninterrupted run"
     workers = tmp_path / "endpoint" / "job" / "workers"
     assert not [p.name for p in workers.iterdir() if p.name.startswith("gen-")], "a generation was left behind"
-    assert not [p for node in (0, 1) for p in (tmp_path / f"local{node}").iterdir()], "node tiers left behind"
+    assert not [n for node in (0, 1) for n in left_in(str(tmp_path / f"local{node}"))], "node tiers left behind"
 
 
 def _wait_for(paths: list[Path], pattern: str, after: int = 0, seconds: float = 120) -> re.Match[str]:
@@ -255,7 +257,7 @@ def test_torchrun_elastic_range_reforms_when_a_node_joins_and_when_it_leaves(tmp
     assert "trained to step 400" in logs[0].read_text(), logs[0].read_text()[-3000:]
     workers = tmp_path / "endpoint" / "job" / "workers"
     assert not [p.name for p in workers.iterdir() if p.name.startswith("gen-")], "a generation was left behind"
-    assert not [p for node in (0, 1) for p in (tmp_path / f"local{node}").iterdir()], "node tiers left behind"
+    assert not [n for node in (0, 1) for n in left_in(str(tmp_path / f"local{node}"))], "node tiers left behind"
 
 
 def test_the_first_failure_record_keeps_root_causes_and_finality(tmp_path) -> None:
@@ -293,7 +295,7 @@ def test_nodes_sharing_a_local_directory_remove_only_their_own_tiers(tmp_path) -
     shared.mkdir()
     results = _two_launchers(tmp_path, [str(script)], shared_local=shared)
     assert [r.returncode for r in results] == [0, 0], "\n".join(r.stderr[-3000:] for r in results)
-    assert not list(shared.iterdir()), "node tiers left behind"
+    assert not left_in(str(shared)), "node tiers left behind"
 
 
 def test_a_launcher_waiting_for_the_other_nodes_stops_on_sigterm(tmp_path) -> None:

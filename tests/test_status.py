@@ -13,7 +13,8 @@ import time
 from typing import Any
 
 from fsdist.inspect.status import read_status
-from fsdist.protocol import failure_report
+from fsdist.protocol import failure_report, layout
+from fsdist.protocol.sealed import seal_text
 
 import cases_status as cases
 from harness import RankPool
@@ -130,8 +131,8 @@ def test_status_reads_a_crashed_job_and_watch_repeats(tmp_path) -> None:
         pool.kill()
     # what a failing rank and a launcher would have written (first writer wins in both)
     (abort,) = glob.glob(os.path.join(directory, "gen-*", "groups", "k.0.0", "abort"))
-    with open(abort, "w") as marker:
-        marker.write("rank 1: DesyncError: on purpose")
+    with open(abort, "wb") as marker:
+        marker.write(seal_text("rank 1: DesyncError: on purpose", layout.identity(abort)))
     os.makedirs(os.path.join(directory, ".launch", "gen-0"))
     with open(os.path.join(directory, ".launch", "gen-0", "abort"), "wb") as failure:
         failure.write(

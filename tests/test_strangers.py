@@ -126,3 +126,26 @@ def test_two_users_of_one_named_group_share_a_job_and_nobody_else_can(outcome) -
     assert found["attacker"]["value"]["found"] == [] and found["attacker"]["value"]["wrote"] == []
     assert "FSDIST_GROUP=<group name>" in found["old_switch"][0]["error"]
     assert "not a member of group" in found["not_member"][0]["error"]
+
+
+def test_a_node_local_folder_taken_first_does_not_stop_a_job_that_keeps_nothing_there(outcome) -> None:
+    found = result(outcome, "predictable_node_folder")["flat"]
+    ran_right(found["first"])
+    assert "error" not in found["crash"], found["crash"]
+    ran_right(found["next"])
+    assert found["clean"]["value"]["code"] == 0, found["clean"]
+
+
+def test_a_local_directory_everyone_can_write_without_the_sticky_bit_is_refused(outcome) -> None:
+    found = result(outcome, "predictable_node_folder")["loose"]
+    refused_naming(found["ranks"], found["path"], "every user can write", "sticky")
+
+
+def test_what_a_non_member_makes_in_a_folder_of_the_group_is_refused(outcome) -> None:
+    found = result(outcome, "group_tricks")
+    refused_naming(found["planted"], found["path"], "another user owns it", "mallory")
+    ran_right(found["no_setgid"])
+
+
+def test_a_run_directory_the_user_made_under_umask_002_is_taken(outcome) -> None:
+    ran_right(result(outcome, "umask_002")["ranks"])

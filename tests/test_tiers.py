@@ -22,7 +22,7 @@ import cases_errors
 import cases_groups
 import cases_status
 import cases_tiers
-from harness import RankPool
+from harness import RankPool, left_in
 from test_collectives import _check
 from test_status import _while_held_up
 
@@ -188,7 +188,7 @@ def test_two_launchers_with_their_own_node_ids_run_as_two_machines(tmp_path, sha
         for local_rank in range(2):
             line = f"rank {2 * node + local_rank} node node{node} sum 6 node tier True"
             assert line in out, f"node {node}: {out + err}"
-        assert os.listdir(tmp_path / ("node0" if shared_local_dir else f"node{node}")) == [], "a node tier was left"
+        assert left_in(str(tmp_path / ("node0" if shared_local_dir else f"node{node}"))) == [], "a node tier was left"
 
 
 def test_forced_two_tiers_on_one_node_and_forced_flat_across_nodes(pool_factory) -> None:
@@ -237,7 +237,7 @@ def test_a_crashed_jobs_node_tiers_go_when_the_next_job_starts(tmp_path) -> None
     assert all(len(names) == 1 and names[0].startswith("tier-") for names in left), left
     for out in job("ok"):  # each rank sees only its new generation's tier: the crashed one's is gone
         assert len(eval(out.strip())) == 1 and eval(out.strip()) != left[0] and eval(out.strip()) != left[1], out
-    assert [os.listdir(local) for local in locals_] == [[], []]
+    assert [left_in(str(local)) for local in locals_] == [[], []]
 
 
 def test_one_node_id_on_two_machines_is_refused_on_every_rank(monkeypatch) -> None:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from harness import left_in
+
 EXAMPLE = str(Path(__file__).resolve().parent.parent / "examples" / "torchrun_ddp.py")
 DIGEST = re.compile(r"rank (\d)/2 backend (\w+) params ([0-9a-f]{16})")
 
@@ -50,7 +52,7 @@ def test_standalone_with_the_default_init(tmp_path, gloo_digest) -> None:
     result = _torchrun(tmp_path, "--standalone")
     assert result.returncode == 0, result.stdout + result.stderr
     assert _digests(result, "fsdist") == {gloo_digest}
-    assert os.listdir(tmp_path) == ["logs"], "the node-local run directory was left behind"
+    assert left_in(str(tmp_path)) == ["logs"], "the node-local run directory was left behind"
 
 
 def test_fsdist_rendezvous_with_the_default_init(tmp_path, gloo_digest) -> None:

@@ -16,9 +16,12 @@ import torch
 
 from fsdist.errors import ProtocolError
 from fsdist.files.locks import LockedRecord
-from fsdist.protocol import message, state_record
+from fsdist.files.seal import seal
+from fsdist.protocol import layout, message, state_record
 from fsdist.transport.group import GroupTransport
 from fsdist.transport.progress import Progress
+
+CRC = seal("test")  # the check without FSDIST_SECRET_FILE
 
 
 class _AliveWatch:
@@ -37,7 +40,10 @@ def _pair(tmp_path, optimistic: bool = True) -> tuple[Progress, Progress]:
 def _publish(progress: Progress, seq: int, step: int, value: float) -> bytes:
     """Rank ``progress`` enters ``seq`` and publishes ``value`` inline at ``step``; the message."""
     progress.enter(seq, "all_reduce SUM float32[1]")
-    encoded = b"".join(message.encode(seq, 0, progress.description, [torch.tensor([value])], message.INLINE_ALIGN))
+    check = progress.message_seal(layout.message_name(progress.rank, seq, step))
+    encoded = b"".join(
+        message.encode(seq, 0, progress.description, [torch.tensor([value])], check, message.INLINE_ALIGN)
+    )
     progress.advance_inline(step, seq % state_record.INLINE_SLOTS, encoded)
     return encoded
 
@@ -189,7 +195,7 @@ def test_a_sender_reads_its_receivers_count_without_the_lock_unless_it_is_torn(
     if tear == "torn":
         queued.append(counters[:3] + bytes([counters[3] ^ 0xFF]) + counters[4:])
     elif tear == "more than sent":
-        queued.append(state_record.encode_pair(0, 99))
+        queued.append(state_record.encode_pair(0, 99, 1, CRC))
     sender.send(0, [torch.tensor([7.0])], 0, "send float32[1]")  # slot 0 again: is message 0 consumed?
     reread = [path for path in locked if path.endswith("state.r0")]
     assert len(reread) == (0 if tear == "none" else 1)
@@ -218,7 +224,7 @@ def test_in_a_ring_of_three_the_count_for_the_previous_rank_rides_with_the_send_
             transport.acknowledge(src, turn + 1)
     assert sorted(writes) == sorted(f"{tmp_path}/state.r{rank}" for rank in range(3) for _ in range(rounds))
     assert not [name for name in os.listdir(tmp_path) if re.fullmatch(r"p\d+-\d+\.\d+", name)]
-    owed = lambda rank: state_record.decode_pair(_area(tmp_path, rank, (rank - 1) % 3))[1]  # noqa: E731
+    owed = lambda rank: state_record.decode_pair(_area(tmp_path, rank, (rank - 1) % 3), (rank - 1) % 3, CRC)[1]  # noqa: E731
     assert [owed(rank) for rank in range(3)] == [rounds - 1] * 3  # the last count still held back
     for transport in ranks:
         transport.pairs.flush_acknowledgements()  # (as before a wait)
@@ -234,9 +240,9 @@ def test_a_count_riding_past_another_peers_area_leaves_its_unread_message_whole(
     ranks[2].send(3, [torch.tensor([23.0])], 0, "send float32[1]")
     assert ranks[3].sent_to_me(2) == 1 and _received(ranks[3], 2, 0) == 23.0
     ranks[3].acknowledge(2, 1)  # held back: rank 3 sends to rank 1, whose area lies next to rank 2's
-    assert state_record.decode_pair(_area(tmp_path, 3, 2))[1] == 0
+    assert state_record.decode_pair(_area(tmp_path, 3, 2), 2, CRC)[1] == 0
     ranks[3].send(0, [torch.tensor([30.0])], 0, "send float32[1]")
-    assert state_record.decode_pair(_area(tmp_path, 3, 2))[1] == 1  # rode with the send to rank 0
+    assert state_record.decode_pair(_area(tmp_path, 3, 2), 2, CRC)[1] == 1  # rode with the send to rank 0
     assert ranks[0].sent_to_me(3) == 1 and _received(ranks[0], 3, 0) == 30.0
     assert ranks[1].sent_to_me(3) == 1 and _received(ranks[1], 3, 0) == 11.0
 

@@ -441,7 +441,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 raise FsdistError(f"rank {self.rank()}: recv called on a process group that was shut down")
             if self._receives is None:
                 name = f"g{self._group_name}-r{self.rank()}"
-                self._receives = ReceiveLoop(name, Mailbox(self._t), self._t.check_health)
+                self._receives = ReceiveLoop(name, Mailbox(self._t), self._t.check_health, self._broke)
         staging = Staging()
         hosts = [staging.output(x) for x in tensors]
         work = StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)

@@ -20,7 +20,7 @@ from ..defaults import (
     REDUCE_THREADS,
     RING_SPIN_SECONDS,
 )
-from ..errors import FsdistError
+from ..errors import FsdistError, ProtocolError
 from ..transport.p2p import Mailbox, PendingReceive
 from .intraop import limit_this_thread, limited
 from .work import IDLE_AFTER_SECONDS, MAX_TICK_SECONDS, FsdistWork
@@ -41,10 +41,15 @@ class ReceiveLoop:
     """
 
     def __init__(
-        self, name: str, mailbox: Mailbox, health_check: Callable[[], None], handoff: float = HANDOFF_SECONDS
-    ) -> None:
+        self, name: str, mailbox: Mailbox, health_check: Callable[[], None],
+        on_corrupt: Callable[[BaseException], None], handoff: float = HANDOFF_SECONDS,
+    ) -> None:  # fmt: skip
+        """``on_corrupt``: told of a message that could not be read as one (damaged, foreign,
+        forged): its sender's data can no longer be trusted, so the group is aborted on every rank
+        (a receive that merely disagrees with its message, another size say, fails alone)."""
         self._mailbox = mailbox
         self._health_check = health_check
+        self._on_corrupt = on_corrupt
         self._handoff = handoff
         self._pending: list[tuple[FsdistWork, PendingReceive]] = []
         self._cond = threading.Condition()
@@ -124,6 +129,8 @@ class ReceiveLoop:
             with self._cond:
                 self._pending = [item for item in self._pending if item[0] is not work]
             work.complete(error, receive.matched_source)
+            if isinstance(error, ProtocolError):
+                self._on_corrupt(error)
             progressed = True
         return progressed
 

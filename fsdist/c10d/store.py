@@ -171,12 +171,13 @@ class DirectoryStore(dist.Store):
         except FileNotFoundError:
             return None
         try:
-            return unseal_value(raw)
+            return unseal_value(raw, layout.identity(self._path(key)))
         except ValueError as exc:
             raise ProtocolError(f"store {self._path(key)} (key {key!r}): {exc}") from None
 
     def _write(self, key: str, value: bytes) -> None:
-        publish(self.directory, layout.key_to_filename(key), [seal_value(value)])
+        name = layout.key_to_filename(key)
+        publish(self.directory, name, [seal_value(value, layout.identity(os.path.join(self.directory, name)))])
 
     def _wait_value(self, key: str, deadline: Deadline) -> bytes:
         name = layout.key_to_filename(key)

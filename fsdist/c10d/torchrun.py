@@ -37,7 +37,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from ..defaults import ENV_DIR
-from ..files.trust import resolve_directory
+from ..files.trust import adopt_run_directory
 from ..job.clean import retire_stopped
 from ..job.generation import Generation
 from ..job.rendezvous import membership_changes, rendezvous
@@ -51,7 +51,9 @@ class FsdistRendezvousHandler(RendezvousHandler):
         if not params.endpoint:
             raise ValueError("fsdist rendezvous needs --rdzv-endpoint=/shared/directory")
         self._params = params
-        self._root = os.path.join(resolve_directory(params.endpoint), params.run_id)
+        # the run's own folder (agents/ and workers/ inside), adopted as a run directory is: the
+        # endpoint may be a folder of many users', the run's folder must be this user's alone
+        self._root = adopt_run_directory(os.path.join(params.endpoint, params.run_id))
         self._timeout = timedelta(seconds=float(params.get("join_timeout", 600)))
         self._last_call = float(params.get("last_call_timeout", 30))
         self._generation: Generation | None = None

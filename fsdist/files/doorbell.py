@@ -58,8 +58,10 @@ class Doorbell:
             except OSError as exc:
                 raise refusal(path, "FIFO", exc) from None
             try:
-                if made and sharing().gid is not None:
-                    os.fchmod(fd, sharing().file_mode)  # the group's peers ring it, whatever the umask
+                share = sharing()
+                if made and share.gid is not None:  # the group's peers ring it, whatever the umask
+                    os.fchown(fd, -1, share.gid)
+                    os.fchmod(fd, share.file_mode)
                 check_open(fd, path, "FIFO")
             except BaseException:
                 os.close(fd)

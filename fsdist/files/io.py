@@ -52,8 +52,9 @@ def open_file(path: str, flags: int, max_size: int | None = None, what: str = ""
         raise refusal(path, "file", exc) from None
     try:
         if flags & os.O_EXCL:
-            if share.gid is not None:
-                os.fchmod(fd, share.file_mode)  # the group's, whatever the umask took away
+            if share.gid is not None:  # the group's, whatever the umask took away and whatever the
+                os.fchown(fd, -1, share.gid)  # folder's group (one made without the set-group-ID bit)
+                os.fchmod(fd, share.file_mode)
         else:
             st = check_open(fd, path)
             if max_size is not None:

@@ -25,7 +25,6 @@ import secrets
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator
 
 from ..defaults import (
@@ -39,6 +38,7 @@ from ..defaults import (
 )
 from ..errors import FsdistTimeoutError, ProtocolError
 from .io import open_file, retrying, unlink_quietly
+from .seal import TAG_BYTES, Seal, seal
 from .trust import size_checked
 
 _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
@@ -55,8 +55,8 @@ OnWait = Callable[[float], None]
 RECORD_MAX_BYTES = 1 << 20
 
 __all__ = [
-    "EXCLUSIVE", "RECORD_MAX_BYTES", "SHARED", "UNLOCK", "Counter", "LockedRecord", "OnWait", "lock", "read_locked",
-    "try_lock",
+    "EXCLUSIVE", "RECORD_MAX_BYTES", "SHARED", "UNLOCK", "Counter", "LockedRecord", "OnWait", "decode_counter",
+    "encode_counter", "lock", "read_locked", "try_lock",
 ]  # fmt: skip
 
 
@@ -294,56 +294,47 @@ class LockedRecord:
 
 
 _INT64 = struct.Struct("<q")
-_COUNTER = struct.Struct("<qI")  # the value, and the CRC-32 of its 8 bytes
+_COUNTER = struct.Struct(f"<q{TAG_BYTES}s")  # the value, and the tag of its 8 bytes (files/seal.py)
 
 
 class Counter:
     """A 64-bit integer in a file, changed only under the lock (get / add / compare-and-set).
 
-    The file holds the value as 8 bytes, little-endian, signed, then their CRC-32 (a flipped bit
-    or a foreign file is a ProtocolError, never another count); empty means 0."""
+    The file holds the value as 8 bytes, little-endian, signed, then their tag: a CRC-32, or a
+    MAC with FSDIST_SECRET_FILE, bound to the file's name (a flipped bit, a foreign file or a
+    forged count is a ProtocolError, never another count); empty means 0."""
 
     SIZE = _COUNTER.size
 
     def __init__(self, path: str) -> None:
         self._record = LockedRecord(path)
         self._path = path
+        self._seal = seal(os.path.basename(path))
 
-    @staticmethod
-    def encode(value: int) -> bytes:
-        return _COUNTER.pack(value, zlib.crc32(_INT64.pack(value)))
+    def encode(self, value: int) -> bytes:
+        return encode_counter(value, self._path, self._seal)
 
-    @staticmethod
-    def decode(raw: bytes, where: str = "a counter") -> int:
+    def decode(self, raw: bytes) -> int:
         """The value in ``raw`` (a counter file's bytes); 0 while it is empty."""
-        if not raw:
-            return 0
-        if len(raw) != _COUNTER.size:
-            raise ProtocolError(f"{where}: a counter of {len(raw)} bytes (expected {_COUNTER.size} or none)")
-        value, crc = _COUNTER.unpack(raw)
-        if zlib.crc32(raw[: _INT64.size]) != crc:
-            raise ProtocolError(f"{where}: counter checksum mismatch (corrupt, or written by another program)")
-        return int(value)
+        return decode_counter(raw, self._path, self._seal)
 
     def get(self) -> int:
-        return self.decode(self._record.read(0, _COUNTER.size), self._path)
+        return self.decode(self._record.read(0, _COUNTER.size))
 
     def try_get(self) -> int | None:
         """The value, or None if a writer holds the lock right now (see ``LockedRecord.try_read``)."""
         raw = self._record.try_read(0, _COUNTER.size)
-        return None if raw is None else self.decode(raw, self._path)
+        return None if raw is None else self.decode(raw)
 
     def add(self, amount: int) -> int:
         """Add ``amount`` and return the new value."""
-        new = self._record.update(lambda old: self.encode(self.decode(old, self._path) + amount))
-        return self.decode(new, self._path)
+        new = self._record.update(lambda old: self.encode(self.decode(old) + amount))
+        return self.decode(new)
 
     def compare_and_set(self, expected: int, desired: int) -> int:
         """Set ``desired`` if the value is ``expected``; return the value in force afterwards."""
-        new = self._record.update(
-            lambda old: self.encode(desired) if self.decode(old, self._path) == expected else None
-        )
-        return self.decode(new, self._path)
+        new = self._record.update(lambda old: self.encode(desired) if self.decode(old) == expected else None)
+        return self.decode(new)
 
     def close(self) -> None:
         self._record.close()
@@ -353,3 +344,22 @@ class Counter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def encode_counter(value: int, path: str, check: Seal | None = None) -> bytes:
+    """A counter file's bytes holding ``value`` (``check``: the file's seal, made from ``path``)."""
+    return _COUNTER.pack(value, (check or seal(os.path.basename(path))).tag(_INT64.pack(value)))
+
+
+def decode_counter(raw: bytes, path: str, check: Seal | None = None) -> int:
+    """The value in a counter file's bytes ``raw`` (0 while it is empty), checked against its tag
+    (``check``: the file's seal, made from ``path`` where not given)."""
+    if not raw:
+        return 0
+    if len(raw) != _COUNTER.size:
+        raise ProtocolError(f"{path}: a counter of {len(raw)} bytes (expected {_COUNTER.size} or none)")
+    value, tag = _COUNTER.unpack(raw)
+    check = check or seal(os.path.basename(path))
+    if not check.verify(tag, raw[: _INT64.size]):
+        raise ProtocolError(check.mismatch(f"{path} (a counter)"))
+    return int(value)

@@ -17,9 +17,10 @@ without the sticky bit (anyone could swap what lies below it; ``/tmp``, sticky, 
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import functools
 import grp
+import logging
 import os
 import pwd
 import stat
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from ..defaults import ENV_GROUP, ENV_GROUP_ACCESS, local_dir
 from ..errors import FsdistError, ProtocolError, UntrustedPathError
 
+_log = logging.getLogger(__name__)
+
 __all__ = [
     "OPEN_FLAGS",
     "Sharing",
@@ -36,10 +39,10 @@ __all__ = [
     "check_open",
     "check_stat",
     "describe",
+    "existing_node_directory",
     "make_private_dir",
     "node_directory",
     "refusal",
-    "release_node_directory",
     "resolve_directory",
     "sharing",
     "size_checked",
@@ -82,16 +85,46 @@ class Sharing:
         return 0o660 if self.gid is not None else 0o600
 
     def owns(self, st: os.stat_result) -> bool:
-        return st.st_uid == self.uid or (self.gid is not None and st.st_gid == self.gid)
+        """This user's; or, with a named group, in that group and made by one of its members (or
+        root): a non-member can make things of the group in a set-group-ID folder of it."""
+        if st.st_uid == self.uid:
+            return True
+        return self.gid is not None and st.st_gid == self.gid and _member(st.st_uid, self.gid)
 
     def may_write(self, st: os.stat_result) -> bool:
-        """Whether the mode lets only this user (and the named group) write."""
+        """Whether the mode lets only this user (and the named group) write. A group that is this
+        user's own (a user-private group: the umask 002 default of many systems) counts as the user."""
         if st.st_mode & stat.S_IWOTH:
             return False
-        return not st.st_mode & stat.S_IWGRP or (self.gid is not None and st.st_gid == self.gid)
+        if not st.st_mode & stat.S_IWGRP or (self.gid is not None and st.st_gid == self.gid):
+            return True
+        return _private_group(st.st_gid, self.uid)
 
 
 _cached: tuple[tuple[int, str, str], Sharing] | None = None
+
+
+@functools.lru_cache(maxsize=256)
+def _member(uid: int, gid: int) -> bool:
+    """Whether user ``uid`` is root or a member of group ``gid`` (its primary group, or listed)."""
+    if uid == 0:
+        return True
+    try:
+        user = pwd.getpwuid(uid)
+        return user.pw_gid == gid or user.pw_name in grp.getgrgid(gid).gr_mem
+    except KeyError:
+        return False
+
+
+@functools.lru_cache(maxsize=64)
+def _private_group(gid: int, uid: int) -> bool:
+    """Whether ``gid`` is user ``uid``'s own private group: its primary group, of its name, with no
+    other member listed."""
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except KeyError:
+        return False
+    return user.pw_gid == gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
 
 
 def sharing() -> Sharing:
@@ -109,10 +142,13 @@ def sharing() -> Sharing:
     if not name:
         result = Sharing(uid, None, "")
     else:
-        try:  # a name, or a number (which needs no entry in /etc/group: containers often lack one)
-            gid = int(name) if name.isdigit() else grp.getgrnam(name).gr_gid
+        try:  # a name or a number, of a group the group database knows: its members are trusted
+            gid = grp.getgrgid(int(name)).gr_gid if name.isdigit() else grp.getgrnam(name).gr_gid
         except KeyError:
-            raise FsdistError(f"{ENV_GROUP}={name}: no such group on this machine") from None
+            raise FsdistError(
+                f"{ENV_GROUP}={name}: no such group in this machine's group database (fsdist must know its "
+                "members, to trust what they make)"
+            ) from None
         if gid not in (os.getegid(), *os.getgroups()) and uid != 0:
             raise FsdistError(
                 f"{ENV_GROUP}={name}: this user ({_user(uid)}) is not a member of group {_group(gid)}: "
@@ -153,19 +189,23 @@ def check_stat(st: os.stat_result, path: str, kind: str, fix: str = FIX_INSIDE) 
 #: What ``open`` says when something other than the expected file lies at a path: a symbolic link
 #: (O_NOFOLLOW), a directory opened for writing, a socket or a FIFO nobody reads (O_NONBLOCK), a
 #: device without a driver, a file where a directory belongs.
-REFUSED_OPEN = {errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENODEV, errno.ENOTDIR, errno.EOPNOTSUPP}
+REFUSED_OPEN = {errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENODEV, errno.ENOTDIR, errno.EOPNOTSUPP, errno.EACCES}
 
 
 def refusal(path: str, kind: str, exc: OSError, fix: str = FIX_INSIDE) -> OSError | UntrustedPathError:
     """The error for an ``open`` of ``path`` that failed with ``exc``: a refusal describing what lies
-    there, where it is not a ``kind`` (else ``exc`` itself: a missing file stays a missing file)."""
+    there, where that is not a ``kind`` of this user's (else ``exc`` itself: a missing file stays a
+    missing file, and a file of this user's that it may not open says so)."""
     if exc.errno not in REFUSED_OPEN:
         return exc
     try:
         found = os.lstat(path)
+        check_stat(found, path, kind, fix)
+    except UntrustedPathError as refused:
+        return refused
     except OSError:
         return exc
-    return UntrustedPathError(f"refusing {path}: it is {describe(found)}, not a {kind}. {fix}")
+    return exc
 
 
 def check_open(fd: int, path: str, kind: str = "file", fix: str = FIX_INSIDE) -> os.stat_result:
@@ -268,20 +308,16 @@ def _check_passage(directory: str, path: str) -> None:
         )
 
 
-def node_directory(create: bool = True) -> str:
+def node_directory() -> str:
     """This user's (or the named group's) own folder in the node-local directory (FSDIST_LOCAL_DIR,
     default /dev/shm), where node tiers and single-machine run directories live.
 
     /dev/shm is every local user's: a name there that is known in advance could be taken first,
     or swapped for a link. Inside a folder that is this user's alone nobody else can create
     anything, so names there may be known, and a sweep there finds only this user's own things.
-    Made if missing (``create``; else it is only checked where it exists).
+    It is made once and never removed: removing it would let another user take the name back.
     """
-    share = sharing()
-    name = f"fsdist-{share.uid}" if share.gid is None else f"fsdist-group-{share.gid}"
-    path = os.path.join(resolve_directory(local_dir()), name)
-    if not create and not os.path.lexists(path):
-        return path
+    path = _node_directory_path()
     make_private_dir(
         path,
         fix="Another user made it first (or it is damaged): remove it, or set FSDIST_LOCAL_DIR to a "
@@ -290,12 +326,32 @@ def node_directory(create: bool = True) -> str:
     return path
 
 
-def release_node_directory() -> None:
-    """Remove this user's node-local folder if nothing is left in it (the last tier or run of the
-    user's jobs on this node went). A job making something there at the same moment makes the
-    folder again: ``make_private_dir`` makes a missing parent."""
-    with contextlib.suppress(OSError):  # not empty, or gone already
-        os.rmdir(node_directory(create=False))
+def existing_node_directory() -> str | None:
+    """This user's node-local folder where one is in place and is the user's (``node_directory``),
+    else None: what removes things there then finds nothing, and a job that keeps nothing
+    node-local is never stopped by another user's folder of that name."""
+    try:
+        path = _node_directory_path()
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
+    except FileNotFoundError:
+        return None
+    except (OSError, UntrustedPathError) as exc:
+        _log.warning("fsdist: not looking into the node-local folder: %s", exc)
+        return None
+    try:
+        check_open(fd, path, "directory")
+    except UntrustedPathError as exc:
+        _log.warning("fsdist: not looking into the node-local folder: %s", exc)
+        return None
+    finally:
+        os.close(fd)
+    return path
+
+
+def _node_directory_path() -> str:
+    share = sharing()
+    name = f"fsdist-{share.uid}" if share.gid is None else f"fsdist-group-{share.gid}"
+    return resolve_directory(os.path.join(local_dir(), name))  # (FSDIST_LOCAL_DIR itself checked on the way)
 
 
 def _user(uid: int) -> str:

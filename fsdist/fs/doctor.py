@@ -16,8 +16,9 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from ..errors import UntrustedPathError
 from ..files.io import remove_tree
-from ..files.trust import make_private_dir
+from ..files.trust import adopt_run_directory, make_private_dir, resolve_directory
 from . import probes
 from .contention import contend
 from .mounts import OK, UNSAFE, WARN, Finding, classify, find_mount
@@ -32,17 +33,19 @@ _STAT_SLOW_SECONDS = 1.0
 
 def diagnose(directory: str, peer: str | None = None) -> dict[str, Any]:
     """Every finding about ``directory`` (and ``peer``, the same directory through another mount)."""
-    directory = os.path.realpath(directory)
+    scratch_name = f".fsdist-doctor-{secrets.token_hex(4)}"
+    # resolved as fsdist resolves a run directory's path (another user's link, or a folder anyone
+    # may rename things in, is refused), the folder itself checked as the scratch's way in
+    scratch_a = resolve_directory(os.path.join(directory, scratch_name))
+    directory = os.path.dirname(scratch_a)
     mounts = {"A": find_mount(directory)}
     if peer:
-        peer = os.path.realpath(peer)
+        peer = os.path.dirname(resolve_directory(os.path.join(peer, scratch_name)))
         mounts["B"] = find_mount(peer)
-    findings: list[Finding] = []
+    findings: list[Finding] = [_ownership(directory)]
     for label, mount in mounts.items():
         for f in classify(mount):
             findings.append(Finding(f"{f.name} ({label})" if peer else f.name, f.verdict, f.detail, f.fix))
-    scratch_name = f".fsdist-doctor-{secrets.token_hex(4)}"
-    scratch_a = os.path.join(directory, scratch_name)
     make_private_dir(scratch_a)
     try:
         scratch_b = _peer_scratch(peer, scratch_name) if peer else scratch_a
@@ -63,6 +66,19 @@ def diagnose(directory: str, peer: str | None = None) -> dict[str, Any]:
         "findings": [asdict(f) for f in findings],
         "verdict": verdict,
     }
+
+
+def _ownership(directory: str) -> Finding:
+    """Whether fsdist would take ``directory`` as a run directory (files/trust.py): a folder of
+    several users' (a filesystem's root, say) is fine to diagnose, but a job needs one of its own."""
+    try:
+        adopt_run_directory(directory, create=False)
+    except UntrustedPathError as exc:
+        return Finding(
+            "run directory", WARN, f"fsdist would refuse it as a run directory: {exc}",
+            "run jobs in a folder of your own inside it (a missing one is made 0700)",
+        )  # fmt: skip
+    return Finding("run directory", OK, "yours, and nobody else can write it: fsdist takes it as a run directory")
 
 
 def _first_fix(findings: list[Finding]) -> str:

@@ -16,13 +16,18 @@ import logging
 import os
 from typing import Any
 
-from ..defaults import ENV_ALLOW_UNSAFE_FS
+from ..defaults import ENV_ALLOW_UNSAFE_FS, ENV_SECRET_FILE
 from ..errors import RendezvousError
-from .mounts import client_key, cross_client_hazard, local_hazard
+from .mounts import client_key, cross_client_hazard, find_mount, local_hazard
 
 log = logging.getLogger(__name__)
 
-__all__ = ["allowed", "check_members", "corrupted", "describe_client", "refuse_known_multinode"]
+__all__ = [
+    "allowed", "check_members", "corrupted", "describe_client", "refuse_known_multinode", "warn_of_a_shared_secret",
+]  # fmt: skip
+
+#: network filesystems whose every client could read a file of the user's, root impersonating any uid
+_NETWORK = ("nfs", "nfs4", "cifs", "smb3", "ceph", "fuse.glusterfs", "fuse.sshfs", "lustre", "gpfs")
 
 
 def allowed() -> bool:
@@ -40,6 +45,28 @@ def describe_client(root: str) -> dict[str, str]:
     except OSError as exc:  # no /proc/self/mountinfo (not Linux): nothing known
         log.debug("fsdist: cannot classify the filesystem of %s: %s", root, exc)
         return {"client": "", "fs_hazard": "", "fs_local_hazard": ""}
+
+
+def warn_of_a_shared_secret() -> None:
+    """Warn (once a process) when FSDIST_SECRET_FILE lies on a network filesystem without Kerberos:
+    root on any of its clients can read it there, and forge what the MAC was meant to stop."""
+    path = os.environ.get(ENV_SECRET_FILE, "")
+    if not path or path in _warned:
+        return
+    _warned.add(path)
+    try:
+        mount = find_mount(os.path.realpath(path))
+    except OSError:
+        return
+    if mount.fstype in _NETWORK and not mount.options.get("sec", "").startswith("krb5"):
+        log.warning(
+            "fsdist: %s=%s lies on %s (%s, without sec=krb5*): root on any client of it can read the secret "
+            "and forge what the MAC should refuse. Keep it on each machine's own disk (docs/security.md)",
+            ENV_SECRET_FILE, path, mount.mount_point, mount.fstype,
+        )  # fmt: skip
+
+
+_warned: set[str] = set()
 
 
 def _error(root: str, hazard: str, why: str) -> RendezvousError:

@@ -15,8 +15,8 @@ import os
 import time
 from typing import Any
 
-from ..files.io import publish, unlink_quietly
-from ..files.locks import Counter, LockedRecord, try_lock
+from ..files.io import open_file, publish, read_file, unlink_quietly
+from ..files.locks import Counter, LockedRecord, decode_counter, encode_counter, try_lock
 
 __all__ = [
     "lock_exclusion",
@@ -46,7 +46,7 @@ def lock_exclusion(path_a: str, path_b: str) -> bool:
 
 
 def _try_lock(path: str, result: Any) -> None:
-    fd = os.open(path, os.O_RDWR)
+    fd = open_file(path, os.O_RDWR)
     try:
         result.put(not try_lock(fd))  # taken while the other mount held it: no exclusion
     except OSError as exc:
@@ -69,8 +69,7 @@ def rename_atomicity(dir_a: str, dir_b: str, size: int = 1 << 20, seconds: float
     try:
         while time.monotonic() < end:
             try:
-                with open(os.path.join(dir_b, name), "rb") as f:
-                    data = f.read()
+                data = read_file(os.path.join(dir_b, name), size, "the probe's file")
             except FileNotFoundError:
                 torn += 1  # rename must never leave the name missing
                 continue
@@ -126,7 +125,7 @@ def rewrite_visibility(
     through B: by a descriptor held open and read under a shared lock (what fsdist's state
     records do), and by re-opening the file. None: some rewrite was not seen within ``limit``."""
     writer = LockedRecord(path_a)
-    writer.write(Counter.encode(0))
+    writer.write(encode_counter(0, path_a))
     held = LockedRecord(path_b)
     try:
         held.read(0, Counter.SIZE)  # warm B's caches with the old value, as a long-lived reader has
@@ -135,7 +134,7 @@ def rewrite_visibility(
         for how in (0, 1):
             for _ in range(rounds):
                 value += 1
-                writer.write(Counter.encode(value))
+                writer.write(encode_counter(value, path_a))
                 took = _until_read(held if how == 0 else None, path_b, value, limit)
                 current = worst[how]
                 worst[how] = None if took is None or current is None else max(current, took)
@@ -156,7 +155,7 @@ def _until_read(held: LockedRecord | None, path: str, value: int, limit: float) 
         else:
             with LockedRecord(path, create=False) as fresh:
                 raw = fresh.read(0, Counter.SIZE)
-        if len(raw) == Counter.SIZE and Counter.decode(raw, path) == value:
+        if len(raw) == Counter.SIZE and decode_counter(raw, path) == value:
             return time.monotonic() - start
         time.sleep(0.001)
     return None

@@ -24,12 +24,13 @@ from typing import Any
 from ..defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS
 from ..errors import ProtocolError, RendezvousError
 from ..files.io import read_file
-from ..files.locks import Counter, read_locked
-from ..files.trust import adopt_run_directory, node_directory
+from ..files.locks import decode_counter, read_locked
+from ..files.seal import seal
+from ..files.trust import adopt_run_directory, existing_node_directory
 from ..job.liveness import Identity, is_alive, node_id
 from ..job.nodes import Nodes
 from ..protocol import failure_report, layout, rendezvous_record, state_record
-from ..protocol.sealed import MAX_VALUE_BYTES, SEAL_BYTES, unseal_value
+from ..protocol.sealed import MAX_VALUE_BYTES, SEAL_BYTES, unseal_text, unseal_value
 from .straggler import RankPosition, Straggler, find_straggler, holding_up, in_step_line, list_ranks
 
 __all__ = ["GroupStatus", "MemberStatus", "RankPosition", "RunStatus", "Straggler", "read_status"]
@@ -170,7 +171,7 @@ def _member(gen_dir: str, rank: int, data: dict[str, Any], now: float) -> Member
     raw, mtime = read_locked(layout.heartbeat_file(gen_dir, rank))
     # the counter file exists from the start, empty until the first beat (after a second)
     try:
-        beats = None if mtime is None else Counter.decode(raw, layout.heartbeat_file(gen_dir, rank))
+        beats = None if mtime is None else decode_counter(raw, layout.heartbeat_file(gen_dir, rank))
     except ProtocolError:
         beats = None  # a damaged counter: status still shows the rest (liveness comes from /proc)
     age = max(0.0, now - mtime) if mtime is not None else None
@@ -216,8 +217,12 @@ def _groups(gen_dir: str, world_size: int, now: float, nodes_of: list[str]) -> l
 
 def _group(name: str, path: str, count: int, ranks: list[int] | None, now: float) -> GroupStatus:
     positions = [_position(path, r, ranks, now) for r in range(count)]
-    abort_raw, _ = read_locked(os.path.join(path, layout.ABORT_FILE))
-    abort = abort_raw.decode(errors="replace") if abort_raw else None
+    abort_path = os.path.join(path, layout.ABORT_FILE)
+    abort_raw, _ = read_locked(abort_path)
+    try:
+        abort = unseal_text(abort_raw, layout.identity(abort_path)) if abort_raw else None
+    except ValueError as exc:
+        abort = f"(an abort record with no readable reason: {exc})"
     return GroupStatus(name, path, ranks, positions, abort, find_straggler(positions))
 
 
@@ -240,8 +245,9 @@ def _tiers(group: GroupStatus, generation: str, nodes_of: list[str], now: float)
         tiers.append(_group(f"{group.name} · leaders' tier", leaders, len(leader_ranks), leader_ranks, now))
     here = node_id()
     node = next((k for k, ranks in enumerate(nodes.members) if nodes_of[group.ranks[ranks[0]]] == here), None)
-    local = layout.node_group_dir(node_directory(create=False), generation.removeprefix("gen-"), here, group.directory)
-    if node is not None and os.path.isdir(local):
+    own_folder = existing_node_directory()
+    local = layout.node_group_dir(own_folder or "", generation.removeprefix("gen-"), here, group.directory)
+    if node is not None and own_folder is not None and os.path.isdir(local):
         node_ranks = [group.ranks[r] for r in nodes.members[node]]
         tiers.append(_group(f"{group.name} · node {here}'s tier", local, len(node_ranks), node_ranks, now))
     if not tiers:
@@ -264,14 +270,13 @@ def _tiers(group: GroupStatus, generation: str, nodes_of: list[str], now: float)
 
 def _group_ranks(gen_dir: str, dirname: str) -> list[int] | None:
     key_file = layout.key_to_filename(layout.GROUP_RANKS_KEY + dirname)
+    path = os.path.join(layout.store_dir(gen_dir), key_file)
     try:  # published whole by rename: no lock needed
-        raw = read_file(
-            os.path.join(layout.store_dir(gen_dir), key_file), MAX_VALUE_BYTES + SEAL_BYTES, "a store value"
-        )
+        raw = read_file(path, MAX_VALUE_BYTES + SEAL_BYTES, "a store value")
     except (FileNotFoundError, NotADirectoryError):
         return None
     try:
-        return [int(r) for r in json.loads(unseal_value(raw))] if raw else None
+        return [int(r) for r in json.loads(unseal_value(raw, layout.identity(path)))] if raw else None
     except (ValueError, TypeError, RecursionError):
         return None
 
@@ -291,7 +296,7 @@ def _position(group_dir: str, group_rank: int, ranks: list[int] | None, now: flo
     rank = ranks[group_rank] if ranks is not None and group_rank < len(ranks) else None
     since = max(0.0, now - mtime) if mtime is not None else None
     try:
-        state = state_record.decode(raw, path)
+        state = state_record.decode(raw, path, seal(layout.identity(path)))
     except ProtocolError:
         return RankPosition(group_rank, rank, -1, 0, f"(not an fsdist v{state_record.VERSION} record)", False, since)
     if state is state_record.NOT_STARTED:

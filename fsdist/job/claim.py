@@ -18,6 +18,7 @@ from ..errors import RendezvousError
 from ..files.io import remove_tree
 from ..files.trust import adopt_run_directory
 from ..files.waiting import Deadline, poll
+from ..fs import guard
 from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import CorruptRecordError, conflict_message, parse, unusable
 from .clean import remove_node_tiers
@@ -36,6 +37,7 @@ def claim(root: str, members: list[dict[str, Any]], timeout: timedelta, owns_roo
     Returns rank 0's view of the generation.
     """
     root = adopt_run_directory(root)
+    guard.warn_of_a_shared_secret()
     world_size = len(members)
     state: dict[str, Any] = {}
     conflict: list[RendezvousError] = []

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import RendezvousError
 from ..files.io import remove_tree
-from ..files.trust import adopt_run_directory, node_directory, release_node_directory
+from ..files.trust import adopt_run_directory, existing_node_directory
 from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import CorruptRecordError, is_generation_id, parse
 from ..protocol.sealed import unseal_json
@@ -100,7 +100,7 @@ def _salvage(raw: bytes) -> list[str]:
     """The generation ids a record that failed validation names, if its seal still holds (its
     bytes are as some writer wrote them); none otherwise."""
     try:
-        state = json.loads(unseal_json(raw))
+        state = json.loads(unseal_json(raw, layout.RENDEZVOUS_FILE))
     except (ValueError, RecursionError):
         return []
     if not isinstance(state, dict):
@@ -159,7 +159,9 @@ def remove_node_tiers(generation_ids: Iterable[str], node: str | None = None) ->
     prefixes = tuple(layout.node_tier_prefix(g, node) for g in generation_ids if is_generation_id(g))
     if not prefixes:
         return
-    local = node_directory(create=False)
+    local = existing_node_directory()
+    if local is None:
+        return
     try:
         names = os.listdir(local)
     except OSError:
@@ -167,4 +169,3 @@ def remove_node_tiers(generation_ids: Iterable[str], node: str | None = None) ->
     for name in names:
         if name.startswith(prefixes):
             remove_tree(os.path.join(local, name))
-    release_node_directory()

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from ..errors import FsdistError
 from ..files.io import remove_tree, unlink_quietly
-from ..files.trust import node_directory, release_node_directory
 from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import parse
 from .clean import remove_node_tiers
@@ -61,13 +60,10 @@ class Generation:
         return layout.heartbeat_file(self.directory, rank)
 
     def remove_root(self) -> None:
-        """Remove a root made for this job alone, once its record is empty and closed (and this
-        user's node-local folder with it, if that was where it lay and nothing else is left)."""
+        """Remove a root made for this job alone, once its record is empty and closed."""
         unlink_quietly(os.path.join(self.root, layout.RENDEZVOUS_FILE))
         with contextlib.suppress(OSError):
             os.rmdir(self.root)
-        if os.path.dirname(self.root) == node_directory(create=False):
-            release_node_directory()
 
     def leave(self) -> bool:
         """Mark this rank as gone; the last rank out removes the generation and empties the file.

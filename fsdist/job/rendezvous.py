@@ -70,6 +70,7 @@ def rendezvous(
     if elastic and (rank is not None or min_size is None or min_size < 1):
         raise RendezvousError(f"an elastic rendezvous takes slots in arrival order and 1 <= min_size: {min_size}")
     root = adopt_run_directory(root)  # (it may sit behind a link: /scratch -> ...)
+    guard.warn_of_a_shared_secret()
     me = {**this_process().to_json(), "nonce": secrets.token_hex(8), **guard.describe_client(root)}
     guard.refuse_known_multinode(root, me, world_size)
     record = rendezvous_record.locked(root)

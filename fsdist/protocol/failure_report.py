@@ -26,15 +26,17 @@ MAX_ROUNDS = 100
 _ROUND_BYTES = MAX_BYTES // MAX_ROUNDS - 64  # one round's share of the history (its traceback stays in abort)
 _INT_FIELDS = ("rank", "exit_code", "final")  # final: a failure no restart may follow (a signal)
 _TEXT_FIELDS = ("type", "message", "traceback", "host", "reason")
+#: what a report's and the history's checks are bound to (files/seal.py): their kinds
+_REPORT, _HISTORY = "failure report", "restart history"
 
 
 def encode(report: dict[str, Any]) -> bytes:
     """``report`` as sealed JSON within MAX_BYTES (a long traceback keeps its last part)."""
-    raw = seal_json(report)
+    raw = seal_json(report, _REPORT)
     if len(raw) > MAX_BYTES:
         report = {**report, "message": str(report.get("message", ""))[:8192]}
         report["traceback"] = "...\n" + str(report.get("traceback", ""))[-(MAX_BYTES // 2) :]
-        raw = seal_json(report)
+        raw = seal_json(report, _REPORT)
     return raw
 
 
@@ -42,7 +44,7 @@ def parse(raw: bytes) -> dict[str, Any]:
     """The report's known fields, each checked; ``ValueError`` if ``raw`` is not a report."""
     if len(raw) > MAX_BYTES:
         raise ValueError(f"failure report of {len(raw)} bytes is larger than {MAX_BYTES}")
-    return _checked(_loads(unseal_json(raw)))
+    return _checked(_loads(unseal_json(raw, _REPORT)))
 
 
 def _checked(report: Any) -> dict[str, Any]:
@@ -82,7 +84,7 @@ def add_round(
     if fresh:
         history = {"format": 1, "job": job, "max_restarts": max_restarts, "rounds": []}
     if round_index is None:
-        return seal_json(history) if fresh else None
+        return seal_json(history, _HISTORY) if fresh else None
     rounds = history["rounds"]
     entry = _round_entry(failure, round_index)
     same = [i for i, e in enumerate(rounds) if e["round"] == round_index]
@@ -91,10 +93,10 @@ def add_round(
             return None
         rounds[same[0]] = entry
     elif len(rounds) >= MAX_ROUNDS:
-        return seal_json(history) if fresh else None
+        return seal_json(history, _HISTORY) if fresh else None
     else:
         rounds.append(entry)
-    return seal_json(history)
+    return seal_json(history, _HISTORY)
 
 
 def _is_consequence(failure: dict[str, Any]) -> bool:
@@ -120,7 +122,7 @@ def parse_rounds(raw: bytes) -> dict[str, Any]:
         raise ValueError("no restart history")
     if len(raw) > MAX_BYTES:
         raise ValueError(f"restart history of {len(raw)} bytes is larger than {MAX_BYTES}")
-    history = _loads(unseal_json(raw))
+    history = _loads(unseal_json(raw, _HISTORY))
     if not isinstance(history, dict) or history.get("format") != 1:
         raise ValueError("restart history is not a format-1 JSON object")
     job, max_restarts, rounds = history.get("job"), history.get("max_restarts"), history.get("rounds")

@@ -64,6 +64,7 @@ __all__ = [
     "group_dir",
     "groups_dir",
     "heartbeat_file",
+    "identity",
     "is_generation_dir",
     "is_store_key_file",
     "key_to_filename",
@@ -98,6 +99,21 @@ _GENERATION = "gen-"
 _STATE_FILE = re.compile(r"state\.r(\d+)")
 _SAFE_KEY_BYTE = re.compile(rb"[A-Za-z0-9_\-]")
 _MAX_KEY_NAME = 200
+
+
+_ANCHOR = re.compile(r"gen-[0-9a-f]{16}|tier-[0-9a-f]{16}-.+|run-[0-9a-f]{16}")
+
+
+def identity(path: str) -> str:
+    """What a file is, through whichever mount it is reached: its path from the folder of its
+    generation (or node tier) down, e.g. ``gen-<id>/groups/k.0.0/m5.1.r1``; the name alone for a
+    file outside one (``fsdist-rendezvous.json``). Seals bind it (files/seal.py): a valid item
+    copied into another file, group or job fails its check there."""
+    parts = path.split(os.sep)
+    for index in range(len(parts) - 1, -1, -1):
+        if _ANCHOR.fullmatch(parts[index]):
+            return "/".join(parts[index:])
+    return parts[-1]
 
 
 def generation_dir(root: str, generation_id: str) -> str:

@@ -91,7 +91,7 @@ def parse(raw: bytes) -> dict[str, Any]:
     if not raw:
         return {}
     try:
-        state = json.loads(unseal_json(raw))
+        state = json.loads(unseal_json(raw, layout.RENDEZVOUS_FILE))
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
         raise CorruptRecordError(
             f"the rendezvous file is not a sealed JSON record (foreign or corrupt): {exc}"
@@ -106,7 +106,7 @@ def parse(raw: bytes) -> dict[str, Any]:
 
 def encode(state: dict[str, Any]) -> bytes:
     """The record's bytes for ``state`` (what every writer of the rendezvous file writes)."""
-    raw = seal_json(state)
+    raw = seal_json(state, layout.RENDEZVOUS_FILE)
     if len(raw) > MAX_BYTES:
         raise RendezvousError(f"the rendezvous record would hold {len(raw)} bytes, more than {MAX_BYTES}")
     return raw

@@ -1,66 +1,95 @@
-"""Checksums for the directory's whole-file records: a flipped bit is refused, never read as
-another value (a digit of a world size, a pid, a store value).
+"""Checks for the directory's whole-file records: a flipped bit is refused, never read as another
+value (a digit of a world size, a pid, a store value), and with FSDIST_SECRET_FILE a forged or
+altered record is refused too (files/seal.py).
 
 Two forms, one per kind of content:
 
-- **JSON records** (the rendezvous record, failure reports, the restart history): the JSON
-  text, then the line ``#crc32=<8 lowercase hex digits>`` (the CRC-32 of the JSON bytes) and a
-  newline. They stay text: ``head -n 1`` of the file is the JSON.
+- **JSON records** (the rendezvous record, failure reports, the restart history, a group's
+  abort reason as a JSON string): the JSON text, then a check line and a newline: ``#crc32=<8 lowercase hex
+  digits>`` (the CRC-32 of the JSON bytes), or with a secret ``#mac=<32 lowercase hex digits>``
+  (the keyed MAC of the record's identity and the JSON bytes). They stay text: ``head -n 1`` of
+  the file is the JSON.
 - **Store values** (DirectoryStore key files, whose values are anyone's bytes): the value, then
-  its CRC-32 as 4 bytes little-endian.
+  its TAG_BYTES tag (a CRC-32 little-endian and zero bytes, or the MAC).
 
-Both raise ``ValueError`` naming what is wrong; each format's parser turns it into its own error.
+``identity`` names which record it is (layout.identity of its path, or its kind), so a valid
+record copied into another file does not pass there. Both raise ``ValueError`` naming what is
+wrong; each format's parser turns it into its own error.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
-import struct
-import zlib
 from typing import Any
 
-__all__ = ["MAX_VALUE_BYTES", "SEAL_BYTES", "seal_json", "seal_value", "unseal_json", "unseal_value"]
+from ..files.seal import TAG_BYTES, Seal, seal
+
+__all__ = [
+    "MAX_VALUE_BYTES", "SEAL_BYTES", "seal_json", "seal_text", "seal_value", "unseal_json", "unseal_text",
+    "unseal_value",
+]  # fmt: skip
 
 #: The largest store value (torch's own are a few hundred bytes; a larger ``set`` is refused, and
 #: a larger file is not read): what a reader may have to hold in memory.
 MAX_VALUE_BYTES = 64 << 20
-
-_JSON_SEAL = re.compile(rb"\n#crc32=([0-9a-f]{8})\n\Z")
-_VALUE_CRC = struct.Struct("<I")
 #: what the seal adds to a store value
-SEAL_BYTES = _VALUE_CRC.size
+SEAL_BYTES = TAG_BYTES
+
+_JSON_SEAL = re.compile(rb"\n#(?:crc32|mac)=[0-9a-f]+\n\Z")
 
 
-def seal_json(obj: Any) -> bytes:
-    """``obj`` as JSON with its checksum line."""
+def _line(body: bytes, check: Seal) -> bytes:
+    tag = check.tag(body)
+    return (
+        b"\n#mac=%s\n" % tag.hex().encode() if check.keyed else b"\n#crc32=%08x\n" % int.from_bytes(tag[:4], "little")
+    )
+
+
+def seal_json(obj: Any, identity: str) -> bytes:
+    """``obj`` as JSON with its check line."""
     body = json.dumps(obj).encode()
-    return body + b"\n#crc32=%08x\n" % zlib.crc32(body)
+    return body + _line(body, seal(identity))
 
 
-def unseal_json(raw: bytes) -> bytes:
-    """The JSON bytes of a sealed record, checked against its checksum line."""
+def unseal_json(raw: bytes, identity: str) -> bytes:
+    """The JSON bytes of a sealed record, checked against its check line."""
     match = _JSON_SEAL.search(raw)
     if match is None:
-        raise ValueError("no checksum line at its end (cut short, or not written by this fsdist)")
-    body = raw[: match.start()]
-    if zlib.crc32(body) != int(match.group(1), 16):
-        raise ValueError("checksum mismatch (corrupt)")
+        raise ValueError("no check line at its end (cut short, or not written by this fsdist)")
+    body, check = raw[: match.start()], seal(identity)
+    if not hmac.compare_digest(raw[match.start() :], _line(body, check)):
+        raise ValueError(check.reason)
     return body
 
 
-def seal_value(value: bytes) -> bytes:
-    """``value`` followed by its CRC-32."""
+def seal_text(text: str, identity: str, limit: int = 64 << 10) -> bytes:
+    """A text record (a group's ``abort`` reason): the text as a JSON string, sealed; a text
+    longer than ``limit`` characters keeps its start."""
+    return seal_json(text[:limit], identity)
+
+
+def unseal_text(raw: bytes, identity: str) -> str:
+    """The text of a sealed text record (``ValueError`` if it is not one)."""
+    text = json.loads(unseal_json(raw, identity))
+    if not isinstance(text, str):
+        raise ValueError("not a text record")
+    return text
+
+
+def seal_value(value: bytes, identity: str) -> bytes:
+    """``value`` followed by its tag."""
     if len(value) > MAX_VALUE_BYTES:
         raise ValueError(f"a store value of {len(value)} bytes: fsdist's store holds at most {MAX_VALUE_BYTES}")
-    return value + _VALUE_CRC.pack(zlib.crc32(value))
+    return value + seal(identity).tag(value)
 
 
-def unseal_value(raw: bytes) -> bytes:
-    """The value of a sealed store file, checked against its CRC-32."""
-    if len(raw) < _VALUE_CRC.size:
-        raise ValueError(f"{len(raw)} bytes: too short for a checksummed value")
-    value = raw[: -_VALUE_CRC.size]
-    if zlib.crc32(value) != _VALUE_CRC.unpack_from(raw, len(value))[0]:
-        raise ValueError("checksum mismatch (corrupt)")
+def unseal_value(raw: bytes, identity: str) -> bytes:
+    """The value of a sealed store file, checked against its tag."""
+    if len(raw) < TAG_BYTES:
+        raise ValueError(f"{len(raw)} bytes: too short for a checked value")
+    value, check = raw[:-TAG_BYTES], seal(identity)
+    if not check.verify(raw[-TAG_BYTES:], value):
+        raise ValueError(check.reason)
     return value

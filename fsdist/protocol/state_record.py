@@ -6,22 +6,21 @@ an older slot beside a newer header, and is read again under the lock: transport
 
     offset  size  field
     0       4     magic b"FSST"
-    4       2     version (5), little-endian like every field
+    4       2     version (6), little-endian like every field
     6       2     flags: bit 0 = the rank closed the group; bit 1 = it aborted the group
     8       8     seq: the operation the rank is in (int64; 0 before the first)
     16      4     step: the last step of it the rank announced (uint32)
-    20      2     length of the description in bytes (<= 220)
+    20      2     length of the description in bytes (<= 208)
     22      2     zero
     24      8     history hash after operation seq (uint64)
-    32      220   the operation's description, UTF-8, zero-padded (describe.py's text)
-    252     4     CRC-32 of bytes 0-251
+    32      208   the operation's description, UTF-8, zero-padded (describe.py's text)
+    240     16    tag of bytes 0-239 (files/seal.py: a CRC-32 and zeros, or a MAC)
     256     4·2K  INLINE_SLOTS inline slots of INLINE_SLOT_BYTES each (below)
     8448    N·8K+ a pair area per peer p (PAIR_AREA bytes, at pair_offset(p)), for point to point:
                     +0   8     sent: how many messages this rank has sent to p (int64)
                     +8   8     received: how many of p's messages this rank has consumed
-                    +16  4     CRC-32 of the two counters (all 24 bytes zero: never written)
-                    +20  4     zero
-                    +24  4·2K  P2P_SLOTS inline slots for small messages to p (index i in slot
+                    +16  16    tag of the two counters and p (all 32 bytes zero: never written)
+                    +32  4·2K  P2P_SLOTS inline slots for small messages to p (index i in slot
                                i mod P2P_SLOTS; the slot header's seq is the index, step 0)
 
 An inline slot carries one small collective message inside the record, so publishing it is one
@@ -41,9 +40,12 @@ little-endian ‖ description of seq)``, ``h(0) = 0``, read as a little-endian u
 whose hashes differ at the same seq called different operations at or before it.
 A record shorter than the header has not been written yet: its rank has not started.
 
-Every field a reader acts on is covered by a CRC-32 (the header, each slot, each pair's counters),
+Every field a reader acts on is covered by a check (the header, each slot, each pair's counters),
 so a bit flipped on disk, or bytes another program wrote, are refused with ProtocolError rather
-than read as another position, message or count.
+than read as another position, message or count. The header's and the counters' are tags
+(files/seal.py) bound to the record's identity: with FSDIST_SECRET_FILE, MACs that nobody
+without the secret can forge. A slot's is a CRC-32 against torn reads only: the message in it
+carries its own tag (protocol/message.py), bound to its sender, operation and step.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ import zlib
 from dataclasses import dataclass
 
 from ..errors import ProtocolError
+from ..files.seal import TAG_BYTES, Seal
 
 __all__ = [
     "DESCRIPTION_MAX",
@@ -89,12 +92,11 @@ __all__ = [
 
 _HEADER = struct.Struct("<4sHHqIH2xQ")
 _MAGIC = b"FSST"
-VERSION = 5
+VERSION = 6
 _DESCRIPTION_OFFSET = 32
-DESCRIPTION_MAX = 220
-_CRC = struct.Struct("<I")
-#: The header, the description and their CRC: what a reader of positions (`fsdist status`) reads.
-HEADER_SIZE = _DESCRIPTION_OFFSET + DESCRIPTION_MAX + _CRC.size
+DESCRIPTION_MAX = 208
+#: The header, the description and their tag: what a reader of positions (`fsdist status`) reads.
+HEADER_SIZE = _DESCRIPTION_OFFSET + DESCRIPTION_MAX + TAG_BYTES
 #: Inline slots: how many small messages a rank may have in its record at once, and their size.
 INLINE_SLOTS = 4
 INLINE_SLOT_BYTES = 2048
@@ -104,15 +106,16 @@ _SLOT_FIELDS = struct.Struct("<qII")  # the slot's fields its CRC covers (with t
 INLINE_MAX = INLINE_SLOT_BYTES - _INLINE.size
 #: What a peer reads to learn a rank's position and its inline messages in one go.
 POSITION_SIZE = HEADER_SIZE + INLINE_SLOTS * INLINE_SLOT_BYTES
-_PAIR = struct.Struct("<qqI4x")
-#: A pair area's counters and their CRC: what a sender reads to learn what its peer consumed.
+_PAIR = struct.Struct(f"<qq{TAG_BYTES}s")
+#: A pair area's counters and their tag: what a sender reads to learn what its peer consumed.
 PAIR_COUNTERS_SIZE = _PAIR.size
-_PAIR_VALUES = struct.Struct("<qq")  # what the counters' CRC covers
+_PAIR_VALUES = struct.Struct("<qq")  # what the counters' tag covers, with the peer's rank
 #: Inline slots per pair area (messages to one peer in the record at once), and their size.
 P2P_SLOTS = 4
 P2P_SLOT_BYTES = INLINE_SLOT_BYTES
 #: A pair area: the two counters, then the slots.
 PAIR_AREA = _PAIR.size + P2P_SLOTS * P2P_SLOT_BYTES
+_PEER = struct.Struct("<q")  # the pair area's peer, under its counters' tag
 FLAG_CLOSED = 1
 #: The rank wrote the group's ``abort`` file: a peer that reads this record learns of it without
 #: reading that file (which a rank otherwise reads every GC_EVERY operations).
@@ -160,14 +163,15 @@ def _stored(description: str) -> tuple[int, bytes]:
     return len(text), text.ljust(DESCRIPTION_MAX, b"\0")
 
 
-def encode(seq: int, step: int, description: str, history: int, flags: int = 0) -> bytes:
-    """The record's first HEADER_SIZE bytes (the slots and pair areas after them are written apart)."""
+def encode(seq: int, step: int, description: str, history: int, flags: int, check: Seal) -> bytes:
+    """The record's first HEADER_SIZE bytes (the slots and pair areas after them are written apart);
+    ``check``: the record's seal (files/seal.py, of layout.identity of its path)."""
     length, field = _stored(description)
     body = _HEADER.pack(_MAGIC, VERSION, flags, seq, step, length, history).ljust(_DESCRIPTION_OFFSET, b"\0") + field
-    return body + _CRC.pack(zlib.crc32(body))
+    return body + check.tag(body)
 
 
-def decode(raw: bytes, path: str) -> PeerState:
+def decode(raw: bytes, path: str, check: Seal) -> PeerState:
     """The position in a record's first bytes; NOT_STARTED before its rank wrote it."""
     if len(raw) < _HEADER.size:
         return NOT_STARTED
@@ -176,8 +180,9 @@ def decode(raw: bytes, path: str) -> PeerState:
         raise ProtocolError(f"{path} is not an fsdist v{VERSION} state record")
     if len(raw) < HEADER_SIZE:
         raise ProtocolError(f"{path}: a state record of {len(raw)} bytes is cut short (its header is {HEADER_SIZE})")
-    if _CRC.unpack_from(raw, HEADER_SIZE - _CRC.size)[0] != zlib.crc32(memoryview(raw)[: HEADER_SIZE - _CRC.size]):
-        raise ProtocolError(f"{path}: state record checksum mismatch (corrupt, or written by another program)")
+    body = memoryview(raw)[: HEADER_SIZE - TAG_BYTES]
+    if not check.verify(memoryview(raw)[HEADER_SIZE - TAG_BYTES : HEADER_SIZE], body):
+        raise ProtocolError(check.mismatch(f"{path} (its state record's header)"))
     text = raw[_DESCRIPTION_OFFSET : _DESCRIPTION_OFFSET + length].decode(errors="replace")
     return PeerState(seq, step, bool(flags & FLAG_CLOSED), text, history, bool(flags & FLAG_ABORTED))
 
@@ -192,30 +197,32 @@ def p2p_slot_end(index: int) -> int:
     return _PAIR.size + (index % P2P_SLOTS + 1) * P2P_SLOT_BYTES
 
 
-def encode_pair(sent: int, received: int) -> bytes:
-    """A pair area's counters with their CRC (written whole: both counters share it)."""
-    return _PAIR.pack(sent, received, zlib.crc32(_PAIR_VALUES.pack(sent, received)))
+def encode_pair(sent: int, received: int, peer: int, check: Seal) -> bytes:
+    """A pair area's counters with their tag (written whole: both counters share it); ``peer``:
+    whose area of the record it is, ``check``: the record's seal."""
+    values = _PAIR_VALUES.pack(sent, received)
+    return values + check.tag(values, _PEER.pack(peer))
 
 
-def put_p2p(area: bytearray, sent: int, received: int, index: int, message: bytes) -> int:
-    """Write the counters and message ``index`` into its slot of ``area`` (a pair area's image);
-    returns how many bytes from the area's start now need writing."""
-    area[: _PAIR.size] = encode_pair(sent, received)
+def put_p2p(area: bytearray, sent: int, received: int, index: int, message: bytes, peer: int, check: Seal) -> int:
+    """Write the counters and message ``index`` into its slot of ``area`` (a pair area's image, for
+    ``peer``); returns how many bytes from the area's start now need writing."""
+    area[: _PAIR.size] = encode_pair(sent, received, peer, check)
     start = _PAIR.size + index % P2P_SLOTS * P2P_SLOT_BYTES
     slot = encode_slot(index, 0, message)
     area[start : start + len(slot)] = slot
     return start + len(slot)
 
 
-def decode_pair(raw: bytes, where: str = "a pair area") -> tuple[int, int]:
-    """(sent, received) of a pair area read from its start; 0 for counters never written."""
+def decode_pair(raw: bytes, peer: int, check: Seal, where: str = "a pair area") -> tuple[int, int]:
+    """(sent, received) of ``peer``'s pair area read from its start; 0 for counters never written."""
     if len(raw) < _PAIR.size:
         raw = raw + bytes(_PAIR.size - len(raw))
-    sent, received, crc = _PAIR.unpack_from(raw)
-    if crc != zlib.crc32(memoryview(raw)[: _PAIR_VALUES.size]):
+    sent, received, tag = _PAIR.unpack_from(raw)
+    if not check.verify(tag, memoryview(raw)[: _PAIR_VALUES.size], _PEER.pack(peer)):
         if not any(memoryview(raw)[: _PAIR.size]):
             return 0, 0  # never written (a hole in the record)
-        raise ProtocolError(f"{where}: point-to-point counters' checksum mismatch (corrupt)")
+        raise ProtocolError(check.mismatch(f"{where} (point-to-point counters)"))
     if sent < 0 or received < 0:
         raise ProtocolError(f"{where}: negative point-to-point counter ({sent}, {received})")
     return int(sent), int(received)

@@ -22,6 +22,7 @@ from ..defaults import COLLECTIVE_RING_MAX, GC_EVERY, INLINE, RING_BYTES
 from ..errors import PeerFailedError, ProtocolError
 from ..files.io import open_file, remove_tree
 from ..files.locks import Counter
+from ..files.seal import Seal
 from ..files.trust import make_private_dir
 from ..files.waiting import Deadline
 from ..fs.mounts import is_local
@@ -90,14 +91,18 @@ class GroupTransport:
         ``readers`` (interfaces.py) lets its space be reused as soon as they are past it.
         """
         seq, description = self.progress.seq, self.progress.description
-        encoded = message.encode_inline(seq, tag, description, tensors, state_record.INLINE_MAX) if INLINE else None
+        name = layout.message_name(self.rank, seq, step)
+        check = self.progress.message_seal(name)
+        encoded = (
+            message.encode_inline(seq, tag, description, tensors, state_record.INLINE_MAX, check) if INLINE else None
+        )
         if encoded is not None:
             slot = self.retention.free_slot()
             if slot is not None:
                 self.progress.advance_inline(step, slot, encoded, readers)
                 self.retention.keep_inline(seq, step, slot, readers)
                 return
-        buffers = message.encode(seq, tag, description, tensors)
+        buffers = message.encode(seq, tag, description, tensors, check)
         size = sum(len(b) for b in buffers)
         if (
             INLINE
@@ -107,7 +112,7 @@ class GroupTransport:
         ):
             return
         self.retention.make_room(size)
-        path, spare = self.retention.write(layout.message_name(self.rank, seq, step), buffers, size)
+        path, spare = self.retention.write(name, buffers, size)
         self.retention.keep(seq, step, path, size, spare, readers)
         self.progress.advance(step, readers)
 
@@ -134,6 +139,7 @@ class GroupTransport:
     def open_message(self, peer: int, step: int) -> message.Message | message.InlineMessage:
         """Open ``peer``'s message for (current operation, ``step``); call ``wait_for`` first."""
         progress = self.progress
+        check = progress.message_seal(layout.message_name(peer, progress.seq, step))
         # optimistic reads: a file is opened before the record is read again under the lock to
         # confirm there is none (a message is either inline or a file, so a file found is it)
         inline = progress.inline_message(peer, step, confirm=not progress.optimistic)
@@ -141,7 +147,7 @@ class GroupTransport:
         try:
             if inline is None and progress.optimistic:
                 try:
-                    return self._checked(peer, self._open_file(peer, step))
+                    return self._checked(peer, self._open_file(peer, step, check))
                 except FileNotFoundError:
                     inline = progress.inline_message(peer, step)
             if inline is not None:
@@ -149,13 +155,13 @@ class GroupTransport:
                     ring = message.parse_ring_ref(inline, RING_BYTES, progress.state_path(peer))
                     if ring is not None:
                         where = os.path.join(self.directory, layout.collective_ring_name(peer))
-                        msg = message.Message.in_ring(self._ring_of(peer, where), *ring, where)
+                        msg = message.Message.in_ring(self._ring_of(peer, where), *ring, where, check)
                     else:
-                        msg = message.InlineMessage(inline, progress.state_path(peer))
+                        msg = message.InlineMessage(inline, progress.state_path(peer), check)
                 except ProtocolError as exc:  # (the context is only formatted when it is needed)
                     raise ProtocolError(f"{exc} (message of operation #{progress.seq} step {step})") from None
             else:
-                msg = self._open_file(peer, step)
+                msg = self._open_file(peer, step, check)
         except FileNotFoundError:
             # the peer went past this operation without publishing this step: it ran another one
             state = progress.peer_state(peer)
@@ -164,9 +170,9 @@ class GroupTransport:
             ) from None
         return self._checked(peer, msg)
 
-    def _open_file(self, peer: int, step: int) -> message.Message:
+    def _open_file(self, peer: int, step: int, check: Seal) -> message.Message:
         path = os.path.join(self.directory, layout.message_name(peer, self.progress.seq, step))
-        return message.Message(path, mapped=self._mapped)
+        return message.Message(path, check, mapped=self._mapped)
 
     def _checked(
         self, peer: int, msg: message.Message | message.InlineMessage

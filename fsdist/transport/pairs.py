@@ -24,6 +24,7 @@ from ..defaults import INLINE, MAX_UNRECEIVED_SENDS, RING_BYTES, RING_MESSAGE_MA
 from ..errors import ProtocolError
 from ..files.doorbell import Doorbell
 from ..files.io import open_file
+from ..files.seal import Seal
 from ..files.waiting import poll
 from ..protocol import layout, message, state_record
 from .progress import Progress
@@ -57,6 +58,7 @@ class Pairs:
         #: receiving thread) both write the counters, so they write from one image, in turn
         self._areas = [bytearray(state_record.PAIR_AREA) for _ in range(size)]
         self._area_lock = threading.Lock()
+        self._own_seal = progress.seals[progress.rank]  # (the counters' tags: this rank's record's)
         #: acknowledgements not written yet (peer -> received count; see ``acknowledge``)
         self._ack_due: dict[int, int] = {}
         #: each peer's pair area for this rank, as read by the last ``sent_to_me``
@@ -90,7 +92,10 @@ class Pairs:
     def _send_inline(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> bool:
         """Put a small message into its slot, with the counters, in one locked write (if it fits and
         the slot's previous message was consumed)."""
-        encoded = message.encode_inline(index, tag, description, tensors, state_record.INLINE_MAX) if INLINE else None
+        if not INLINE:
+            return False
+        check = self._seal(self._progress.rank, dst, index)
+        encoded = message.encode_inline(index, tag, description, tensors, state_record.INLINE_MAX, check)
         if encoded is None or not self._slot_free(dst, index):
             return False
         self._put_in_slot(dst, index, encoded)
@@ -107,7 +112,9 @@ class Pairs:
         """Write ``encoded`` (a message, or where it lies in the ring) into its slot, with the counters."""
         with self._area_lock:
             received = self._received_to_write(dst)
-            self._write_area(dst, state_record.put_p2p(self._areas[dst], index + 1, received, index, encoded))
+            self._write_area(
+                dst, state_record.put_p2p(self._areas[dst], index + 1, received, index, encoded, dst, self._own_seal)
+            )
 
     def _write_area(self, dst: int, end: int) -> None:
         """Write ``dst``'s area image through ``end``, and in the same write the counts held back
@@ -134,7 +141,8 @@ class Pairs:
     def _send_ring(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> bool:
         """Put a mid-size message into the ring for ``dst`` and where it lies into its slot (local
         filesystems; if the slot is free and the ring has room beside unreceived messages)."""
-        if not self._rings_enabled or message.encoded_size(description, tensors) > RING_MESSAGE_MAX:
+        check = self._seal(self._progress.rank, dst, index)
+        if not self._rings_enabled or message.encoded_size(description, tensors, check) > RING_MESSAGE_MAX:
             return False
         if not self._slot_free(dst, index):
             return False
@@ -142,7 +150,7 @@ class Pairs:
         if ring is None:
             path = os.path.join(self.directory, layout.ring_name(self._progress.rank, dst))
             ring = self._send_rings[dst] = SendRing(path)
-        buffers = message.encode(index, tag, description, tensors)
+        buffers = message.encode(index, tag, description, tensors, check)
         size = sum(len(b) for b in buffers)
         offset = ring.place(index, buffers, size, self._received_by[dst])
         if offset is None:
@@ -153,7 +161,7 @@ class Pairs:
         return True
 
     def _send_file(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> None:
-        buffers = message.encode(index, tag, description, tensors)
+        buffers = message.encode(index, tag, description, tensors, self._seal(self._progress.rank, dst, index))
         name = layout.p2p_name(self._progress.rank, dst, index)
         _, spare = self._retention.write(name, buffers, sum(len(b) for b in buffers))
         if spare is not None:
@@ -172,7 +180,11 @@ class Pairs:
     def _take_area(self, src: int, locked: bool) -> int:
         offset, where = state_record.pair_offset(self._progress.rank), self._progress.state_path(src)
         raw, (sent, received), unlocked = self._progress.read_peer(
-            src, offset, state_record.PAIR_AREA, lambda raw: state_record.decode_pair(raw, where), locked=locked
+            src,
+            offset,
+            state_record.PAIR_AREA,
+            lambda raw: state_record.decode_pair(raw, self._progress.rank, self._progress.seals[src], where),
+            locked=locked,
         )
         self._seen[src] = raw
         self._seen_unlocked[src] = unlocked
@@ -237,7 +249,9 @@ class Pairs:
 
     def _counters_written(self, peer: int) -> tuple[int, int]:
         """(sent, received) as this rank last wrote them for ``peer`` (the area lock is held)."""
-        return state_record.decode_pair(bytes(self._areas[peer][: state_record.PAIR_COUNTERS_SIZE]))
+        return state_record.decode_pair(
+            bytes(self._areas[peer][: state_record.PAIR_COUNTERS_SIZE]), peer, self._own_seal
+        )
 
     def _write_counters(self, peer: int, sent: int, received: int) -> None:
         """Write both counters for ``peer``, alone (the area lock is held)."""
@@ -247,23 +261,28 @@ class Pairs:
     def _set_counters(self, peer: int, sent: int, received: int) -> int:
         """Put both counters (they share a CRC) into ``peer``'s area image, the one every write of
         the area is taken from; returns their size (the area lock is held)."""
-        counters = state_record.encode_pair(sent, received)
+        counters = state_record.encode_pair(sent, received, peer, self._own_seal)
         self._areas[peer][: len(counters)] = counters
         return len(counters)
 
     def open(self, src: int, index: int) -> message.Message | message.InlineMessage:
         """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline, in its ring, or a file."""
         inline = self._find(src, index)
+        check = self._seal(src, self._progress.rank, index)
         if inline is not None:
             self._inline_open.add((src, index))
             where = f"{self._progress.state_path(src)} (message #{index} to rank {self._progress.rank})"
             ring = message.parse_ring_ref(inline, RING_BYTES, where)
             if ring is not None:
                 where = f"{where} in {layout.ring_name(src, self._progress.rank)}"
-                return message.Message.in_ring(self._ring_to_read(src), *ring, where)
-            return message.InlineMessage(inline, where)
+                return message.Message.in_ring(self._ring_to_read(src), *ring, where, check)
+            return message.InlineMessage(inline, where, check)
         path = os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index))
-        return message.Message(path, mapped=self._mapped)
+        return message.Message(path, check, mapped=self._mapped)
+
+    def _seal(self, src: int, dst: int, index: int) -> Seal:
+        """The seal of message ``index`` from ``src`` to ``dst``, however it travels."""
+        return self._progress.message_seal(layout.p2p_name(src, dst, index))
 
     def discard(self, src: int, index: int, size: int) -> None:
         """The receiver disposes of a message it consumed (its only reader): a spare, or deleted;
@@ -315,7 +334,8 @@ class Pairs:
         offset, where = state_record.pair_offset(self._progress.rank), self._progress.state_path(dst)
         sent = self._sent[dst]
         _, (_, received), _ = self._progress.read_peer(
-            dst, offset, state_record.PAIR_COUNTERS_SIZE, lambda raw: state_record.decode_pair(raw, where),
+            dst, offset, state_record.PAIR_COUNTERS_SIZE,
+            lambda raw: state_record.decode_pair(raw, self._progress.rank, self._progress.seals[dst], where),
             plausible=lambda counts: 0 <= counts[1] <= sent,
         )  # fmt: skip
         self._received_by[dst] = max(self._received_by[dst], received)

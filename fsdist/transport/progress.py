@@ -24,9 +24,11 @@ from ..defaults import LONG_SLEEP_SECONDS, RING_SPIN_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError, ProtocolError
 from ..files.doorbell import RUN_QUEUE, Doorbell
 from ..files.locks import LockedRecord
+from ..files.seal import Seal, sealer
 from ..files.waiting import Deadline, poll
 from ..job.liveness import PeerWatch
 from ..protocol import layout, state_record
+from ..protocol.sealed import seal_text, unseal_text
 from ..protocol.state_record import PeerState
 
 T = TypeVar("T")
@@ -61,6 +63,10 @@ class Progress:
         self.description = ""
         self._flags = 0
         self._state_paths = [layout.state_file(directory, r) for r in range(size)]  # named in every error
+        #: each rank's record's seal (files/seal.py): its header's and its pair counters' tags
+        self._sealer = sealer()  # (the settings the group was created with: files/seal.py)
+        self.seals = [self._sealer.seal(layout.identity(path)) for path in self._state_paths]
+        self._identity = layout.identity(directory)
         self._records = [LockedRecord(path, on_wait=self._lock_wait(r)) for r, path in enumerate(self._state_paths)]
         self._abort = LockedRecord(os.path.join(directory, layout.ABORT_FILE))
         #: the highest operation each peer was seen in, and the furthest (operation, step) it was
@@ -168,7 +174,9 @@ class Progress:
         self.watch.close()
 
     def _header(self) -> bytes:
-        return state_record.encode(self.seq, self.step, self.description, self._chain, self._flags)
+        return state_record.encode(
+            self.seq, self.step, self.description, self._chain, self._flags, self.seals[self.rank]
+        )
 
     def _write(self) -> None:
         with self._write_lock:
@@ -217,7 +225,11 @@ class Progress:
         """
         where = self.state_path(peer)
         raw, theirs, _ = self.read_peer(
-            peer, 0, state_record.POSITION_SIZE, lambda raw: state_record.decode(raw, where), locked=locked
+            peer,
+            0,
+            state_record.POSITION_SIZE,
+            lambda raw: state_record.decode(raw, where, self.seals[peer]),
+            locked=locked,
         )
         self._seen[peer] = raw
         if theirs is state_record.NOT_STARTED:
@@ -348,7 +360,7 @@ class Progress:
     def abort(self, reason: str) -> None:
         """Mark the group failed so every peer's waits end at once with ``reason`` (first wins):
         in the group's abort file, and as a flag in this rank's record, which peers read anyway."""
-        self._abort.update(lambda old: None if old else reason.encode())
+        self._abort.update(lambda old: None if old else seal_text(reason, layout.identity(self._abort.path)))
         self._flags |= state_record.FLAG_ABORTED
         self._write()
         self.bell.ring(self.others)
@@ -369,7 +381,12 @@ class Progress:
 
     def abort_reason(self) -> str | None:
         raw = self._abort.read()
-        return raw.decode(errors="replace") if raw else None
+        if not raw:
+            return None
+        try:
+            return unseal_text(raw, layout.identity(self._abort.path))
+        except ValueError as exc:  # written, so the group is over; by whom and why cannot be told
+            return f"(its abort record {self._abort.path} holds no readable reason: {exc})"
 
     def check_health(self, peer: int | None = None) -> None:
         """Raise PeerFailedError if the group was aborted, or ``peer`` (None: any) is dead."""
@@ -413,6 +430,12 @@ class Progress:
 
     def where(self) -> str:
         return f"rank {self.names[self.rank]}{self._tier}, operation #{self.seq} '{self.description}'"
+
+    def message_seal(self, name: str) -> Seal:
+        """The seal of this group's message ``name`` (layout.message_name or p2p_name) wherever it
+        travels, inline, in a ring or as a file: bound to its sender, its operation and step (or
+        pair and index), this group and this job."""
+        return self._sealer.seal(f"{self._identity}/{name}")
 
     def state_path(self, rank: int) -> str:
         return self._state_paths[rank]

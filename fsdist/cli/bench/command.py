@@ -22,7 +22,7 @@ from typing import Any
 from ...files.trust import make_private_dir
 from .. import ranks
 from . import report
-from .plan import BACKENDS, DEFAULT_RANKS, DEFAULT_SIZES, NODE_BACKENDS, OPS, Plan, parse_size
+from .plan import BACKENDS, DEFAULT_RANKS, DEFAULT_SIZES, MAC_BACKENDS, NODE_BACKENDS, OPS, Plan, parse_size
 
 #: A world whose ranks take longer than this is killed (a hang must not outlive the benchmark).
 WORLD_TIMEOUT_SECONDS = 900.0
@@ -43,6 +43,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="simulate K nodes per world (ranks split evenly, each node its own FSDIST_NODE_ID and "
         "FSDIST_LOCAL_DIR) and compare fsdist flat with two tiers, shared and node-local calls and "
         "bytes apart (instead of Gloo)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--mac", action="store_true",
+        help="compare fsdist as it is with FSDIST_SECRET_FILE (a keyed MAC on every record and header) and "
+        "with FSDIST_MAC_PAYLOADS=1 too (instead of Gloo): what authentication costs per op and per GB",
     )  # fmt: skip
 
 
@@ -79,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - started
     if plan.nodes:
         print(report.nodes_table(rows, plan.nodes))
+    elif args.mac:
+        print(report.mac_table(rows))
     else:
         print(report.table(rows))
         print(report.fs_calls_table(rows))
@@ -113,17 +120,28 @@ def _plan(args: argparse.Namespace) -> Plan:
         raise ValueError(f"--iters must be 'default', 'small' or a positive count, not {args.iters!r}")
     if args.nodes < 0:
         raise ValueError("--nodes must be at least 1 (or 0: one machine)")
-    backends = list(NODE_BACKENDS) if args.nodes else list(BACKENDS) if args.against == "gloo" else ["fsdist"]
+    if args.nodes and args.mac:
+        raise ValueError("--nodes and --mac each compare fsdist with itself: choose one")
+    backends = (
+        list(NODE_BACKENDS) if args.nodes else list(MAC_BACKENDS) if args.mac
+        else list(BACKENDS) if args.against == "gloo" else ["fsdist"]
+    )  # fmt: skip
     return Plan(ops=ops, sizes=sizes, backends=backends, iters=args.iters, threads=args.threads, nodes=args.nodes)
 
 
 def _run_world(plan: Plan, world: int, base: str) -> list[dict[str, Any]]:
     """Run one world's ranks to completion; return each rank's output (results, blocked CPU)."""
-    make_private_dir(base)
-    work = tempfile.mkdtemp(prefix=f"fsdist-bench-w{world}-", dir=base)
+    if not os.path.isdir(base):  # (an existing one, /dev/shm say, is only where the private folder goes)
+        make_private_dir(base)
+    work = tempfile.mkdtemp(prefix=f"fsdist-bench-w{world}-", dir=base)  # 0700, made exclusively
     procs: list[subprocess.Popen[bytes]] = []
     try:
         plan_path = os.path.join(work, "plan.json")
+        if "mac" in plan.backends:  # a secret for the MAC groups: the run's own, 0600
+            secret = os.path.join(work, "secret")
+            with open(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as out:
+                out.write(os.urandom(32))
+            plan.extra["secret_file"] = secret
         with open(plan_path, "w") as out:
             json.dump(plan.to_json(), out)
         extra = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),

@@ -16,6 +16,9 @@ DEFAULT_RANKS = "2,4"
 BACKENDS = ("fsdist", "gloo")
 #: ``--nodes``: fsdist's two forms side by side (groups of every rank, FSDIST_ALGO at creation)
 NODE_BACKENDS = ("flat", "hier")
+#: ``--mac``: fsdist as it is, with FSDIST_SECRET_FILE, and with FSDIST_MAC_PAYLOADS=1 too
+#: (groups of every rank, each made with its settings: files/seal.py Sealer)
+MAC_BACKENDS = ("fsdist", "mac", "mac+payloads")
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 

@@ -104,13 +104,15 @@ def blocked_cpu(group: dist.ProcessGroup, seconds: float = 1.0) -> float:
     return time.process_time() - cpu0
 
 
-def _group_running(algo: str) -> dist.ProcessGroup:
-    """A group of every rank whose collectives run ``algo`` (``flat`` or ``hier``)."""
-    os.environ[ENV_ALGO] = algo
+def _group_with(**env: str) -> dist.ProcessGroup:
+    """A group of every rank made with these environment variables set (FSDIST_ALGO decides how
+    it runs its collectives, FSDIST_SECRET_FILE its checks: both are read when it is made)."""
+    os.environ.update(env)
     try:
         return dist.new_group(backend="fsdist")
     finally:
-        del os.environ[ENV_ALGO]
+        for name in env:
+            del os.environ[name]
 
 
 def _progress(line: str) -> None:
@@ -132,7 +134,11 @@ def main(plan_path: str, out_path: str) -> int:
     if "gloo" in plan.backends:
         groups["gloo"] = dist.new_group(backend="gloo")
     if plan.nodes:  # the two forms as groups of every rank (the form is decided at creation)
-        groups = {algo: _group_running(algo) for algo in plan.backends}
+        groups = {algo: _group_with(**{ENV_ALGO: algo}) for algo in plan.backends}
+    if "mac" in plan.backends:
+        secret = plan.extra["secret_file"]
+        groups["mac"] = _group_with(FSDIST_SECRET_FILE=secret)
+        groups["mac+payloads"] = _group_with(FSDIST_SECRET_FILE=secret, FSDIST_MAC_PAYLOADS="1")
     results: list[dict[str, Any]] = []
     cells = plan.cells()
     for index, (op, nbytes) in enumerate(cells):

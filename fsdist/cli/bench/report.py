@@ -173,6 +173,33 @@ def nodes_table(rows: list[Row], nodes: int) -> str:
     return "\n".join(lines)
 
 
+def mac_table(rows: list[Row]) -> str:
+    """``bench --mac``: fsdist as it is beside its two authenticated forms, and what each costs."""
+    cells = _by_cell(rows)
+    header = (
+        f"{'ranks':>5} {'op':<14} {'size':>5} | {'fsdist p50':>10} {'busbw':>6} | {'mac p50':>10} {'+ per op':>9}"
+        f" {'busbw':>6} | {'+payloads':>10} {'+ per op':>9} {'busbw':>6} ok"
+    )
+    lines = [header, "-" * len(header)]
+    for (world, op, nbytes), trio in cells.items():
+        plain, mac, full = trio.get("fsdist"), trio.get("mac"), trio.get("mac+payloads")
+        if plain is None or mac is None or full is None:
+            continue
+        parts = [f"{world:>5} {op:<14} {format_size(nbytes):>5}", f"{_time(plain.p50_s):>10} {plain.busbw_gbps:6.2f}"]
+        for side in (mac, full):
+            extra = side.p50_s - plain.p50_s
+            sign = "-" if extra < 0 else "+"
+            parts.append(f"{_time(side.p50_s):>10} {sign + _time(abs(extra)):>9} {side.busbw_gbps:6.2f}")
+        ok = "ok" if all(r.verified for r in trio.values()) else "FAILED"
+        lines.append(" | ".join(parts) + f" {ok}")
+    lines.append(
+        "mac = FSDIST_SECRET_FILE (a keyed BLAKE2b MAC on every record, counter and message header); +payloads ="
+        " FSDIST_MAC_PAYLOADS=1 too (every 64 KiB of every tensor sent); + per op = p50 minus fsdist's"
+        " (timings of one noisy machine: within a few µs is noise); busbw in GB/s"
+    )
+    return "\n".join(lines)
+
+
 def _bytes(count: float) -> str:
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if count >= scale:

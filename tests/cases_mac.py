@@ -1,0 +1,121 @@
+"""Cases run inside ranks of a job with FSDIST_SECRET_FILE: forgeries with a correct CRC, made by
+one rank acting as a forger without the secret, and what every rank then says (test_mac.py)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import struct
+import time
+
+import torch
+import torch.distributed as dist
+
+from fsdist.files.io import publish
+from fsdist.files.locks import LockedRecord
+from fsdist.files.seal import Sealer
+from fsdist.protocol import message, state_record
+
+#: the check a forger without the secret can compute
+CRC = Sealer(None, False).seal("")
+
+
+def _group_dir() -> str:
+    (found,) = glob.glob(os.path.join(os.environ["FSDIST_TEST_DIR"], "gen-*", "groups", "k.0.0"))
+    return found
+
+
+def _outcome(call) -> str:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - what it says is what the test checks
+        return f"{type(exc).__name__}: {exc}"
+    return "ok"
+
+
+def forged_message(numel: int) -> str:
+    """Rank 1 sends rank 0 a tensor as a file, then (as a forger would) replaces the file with one of
+    other values under a valid CRC; rank 0 receives. Returns what each rank's call said."""
+    rank = dist.get_rank()
+    if rank == 1:
+        dist.send(torch.full((numel,), 1.0), 0)
+        (path,) = glob.glob(os.path.join(_group_dir(), "p1-0.*"))
+        index = int(path.rsplit(".", 1)[1])
+        publish(
+            os.path.dirname(path),
+            os.path.basename(path),
+            message.encode(index, 0, "forged", [torch.full((numel,), 666.0)], CRC),
+        )
+        dist.barrier()
+        time.sleep(0.5)  # rank 0 fails on the forgery and aborts the group
+        return _outcome(dist.barrier)
+    dist.barrier()
+    received = torch.empty(numel)
+    return _outcome(lambda: dist.recv(received, 1))
+
+
+def forged_record() -> str:
+    """Rank 1 (as a forger would) rewrites its own state record's header with a valid CRC, saying
+    it reached a later operation; rank 0 then waits for it in an all_reduce."""
+    rank = dist.get_rank()
+    dist.barrier()
+    path = os.path.join(_group_dir(), "state.r1")
+    if rank == 1:
+        with LockedRecord(path, create=False) as record:
+            record.write(state_record.encode(10_000, 1, "all_reduce SUM float32[4]", 0, 0, CRC))
+        time.sleep(1.0)  # rank 0 reads it, refuses it and aborts the group
+    else:  # only once the forgery is there (else rank 1's own next write could come first)
+        end = time.monotonic() + 30
+        while _seq_in(path) != 10_000 and time.monotonic() < end:
+            time.sleep(0.01)
+    return _outcome(lambda: dist.all_reduce(torch.ones(4)))
+
+
+def _seq_in(path: str) -> int:
+    """The operation a state record's header says its rank is in (read as a forger would see it)."""
+    with open(path, "rb") as record:
+        return int(struct.unpack_from("<q", record.read(16), 8)[0])
+
+
+def payload_altered(numel: int) -> str:
+    """With FSDIST_MAC_PAYLOADS=1: rank 1 sends a tensor as a file, then flips one byte of its
+    payload in place (the header untouched); rank 0 receives."""
+    rank = dist.get_rank()
+    if rank == 1:
+        dist.send(torch.full((numel,), 1.0), 0)
+        (path,) = glob.glob(os.path.join(_group_dir(), "p1-0.*"))
+        with open(path, "r+b") as file:
+            file.seek(os.path.getsize(path) - 8)
+            byte = file.read(1)
+            file.seek(-1, os.SEEK_CUR)
+            file.write(bytes([byte[0] ^ 0x40]))
+        dist.barrier()
+        time.sleep(0.5)
+        return _outcome(dist.barrier)
+    dist.barrier()
+    received = torch.empty(numel)
+    return _outcome(lambda: dist.recv(received, 1))
+
+
+def collectives_are_right(sizes: list[int]) -> list[str]:
+    """all_reduce, all_gather, broadcast and a reduce_scatter at each size, checked."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    failures = []
+    for numel in sizes:
+        t = torch.full((numel,), float(rank + 1))
+        dist.all_reduce(t)
+        if not (t == world * (world + 1) / 2).all():
+            failures.append(f"all_reduce {numel}")
+        gathered = [torch.empty(numel) for _ in range(world)]
+        dist.all_gather(gathered, torch.full((numel,), float(rank)))
+        if any(not (g == i).all() for i, g in enumerate(gathered)):
+            failures.append(f"all_gather {numel}")
+        b = torch.arange(numel, dtype=torch.float32) if rank == 0 else torch.empty(numel)
+        dist.broadcast(b, 0)
+        if not (b == torch.arange(numel, dtype=torch.float32)).all():
+            failures.append(f"broadcast {numel}")
+        out = torch.empty(numel)
+        dist.reduce_scatter(out, [torch.full((numel,), float(i)) for i in range(world)])
+        if not (out == world * rank).all():
+            failures.append(f"reduce_scatter {numel}")
+    return failures

@@ -1,0 +1,175 @@
+"""FSDIST_SECRET_FILE: every check becomes a keyed MAC bound to the item's identity, so what a
+forger without the secret writes (a correct CRC is no help), or a valid item moved to another
+file, is refused; FSDIST_MAC_PAYLOADS=1 covers payloads too. In one process for each format,
+then in real jobs: a forgery is refused on every rank, naming it."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import cases_mac
+import pytest
+import torch
+
+from fsdist.errors import FsdistError, ProtocolError
+from fsdist.files.locks import decode_counter, encode_counter
+from fsdist.files.seal import CHUNK_BYTES, Sealer, seal
+from fsdist.protocol import message, rendezvous_record, state_record
+from fsdist.protocol.sealed import seal_json, seal_value, unseal_json, unseal_value
+
+from harness import RankPool
+
+CRC = Sealer(None, False).seal("")  # what a forger without the secret can compute
+
+
+@pytest.fixture
+def secret(tmp_path, monkeypatch) -> str:
+    path = tmp_path / "secret"
+    path.write_bytes(os.urandom(32))
+    path.chmod(0o600)
+    monkeypatch.setenv("FSDIST_SECRET_FILE", str(path))
+    monkeypatch.delenv("FSDIST_MAC_PAYLOADS", raising=False)
+    return str(path)
+
+
+def test_every_format_refuses_what_was_sealed_without_the_secret(secret) -> None:
+    where = "gen-0123456789abcdef/groups/k.0.0/state.r1"
+    keyed = seal(where)
+    assert keyed.keyed and len(keyed.tag(b"x")) == 16
+    header = state_record.encode(3, 1, "barrier", 0, 0, keyed)
+    assert state_record.decode(header, where, keyed).seq == 3
+    with pytest.raises(ProtocolError, match="MAC mismatch"):
+        state_record.decode(state_record.encode(3, 1, "barrier", 0, 0, CRC), where, keyed)
+    with pytest.raises(ProtocolError, match="MAC mismatch"):
+        state_record.decode_pair(state_record.encode_pair(5, 2, 1, CRC), 1, keyed)
+    assert state_record.decode_pair(state_record.encode_pair(5, 2, 1, keyed), 1, keyed) == (5, 2)
+    with pytest.raises(ProtocolError, match="MAC mismatch"):  # another pair area's counters, moved here
+        state_record.decode_pair(state_record.encode_pair(5, 2, 0, keyed), 1, keyed)
+    with pytest.raises(ProtocolError, match="MAC mismatch"):
+        decode_counter(encode_counter(7, "heartbeat.r0", CRC), "heartbeat.r0")
+    assert decode_counter(encode_counter(7, "heartbeat.r0"), "heartbeat.r0") == 7
+    crc_sealed = b"v" + CRC.tag(b"v")
+    with pytest.raises(ValueError, match="MAC mismatch"):
+        unseal_value(crc_sealed, "k.key")
+    assert unseal_value(seal_value(b"v", "k.key"), "k.key") == b"v"
+    with pytest.raises(ValueError, match="MAC mismatch"):  # a value moved to another key's file
+        unseal_value(seal_value(b"v", "k.key"), "k.other")
+    forged = b'{"format": 1}\n#crc32=%08x\n' % int.from_bytes(CRC.tag(b'{"format": 1}')[:4], "little")
+    with pytest.raises(rendezvous_record.CorruptRecordError, match="MAC mismatch"):
+        rendezvous_record.parse(forged)
+    assert unseal_json(seal_json({"a": 1}, "x"), "x") == b'{"a": 1}'
+
+
+def test_a_message_header_is_bound_to_its_identity(secret) -> None:
+    mine = seal("gen-0123456789abcdef/groups/k.0.0/m5.1.r0")
+    theirs = seal("gen-0123456789abcdef/groups/k.0.0/m5.1.r1")
+    raw = b"".join(message.encode(5, 0, "all_reduce", [torch.arange(4.0)], mine, message.INLINE_ALIGN))
+    assert message.InlineMessage(raw, "slot", mine).seq == 5
+    with pytest.raises(ProtocolError, match="MAC mismatch"):  # rank 0's message where rank 1's belongs
+        message.InlineMessage(raw, "slot", theirs)
+    forged = b"".join(message.encode(5, 0, "all_reduce", [torch.arange(4.0)], CRC, message.INLINE_ALIGN))
+    with pytest.raises(ProtocolError, match="MAC mismatch"):
+        message.InlineMessage(forged, "slot", mine)
+
+
+@pytest.mark.parametrize("numel", [3, CHUNK_BYTES // 4 * 3 + 5])
+def test_payload_tags_catch_a_changed_byte_wherever_a_reader_reads(secret, tmp_path, monkeypatch, numel) -> None:
+    monkeypatch.setenv("FSDIST_MAC_PAYLOADS", "1")
+    check = seal("gen-0123456789abcdef/groups/k.0.0/p0-1.0")
+    assert check.payloads
+    tensor = torch.arange(numel, dtype=torch.float32)
+    path = tmp_path / "m"
+    path.write_bytes(b"".join(bytes(b) for b in message.encode(0, 0, "send", [tensor], check)))
+    with message.Message(str(path), check) as msg:
+        last = msg.parts[0].offset + msg.parts[0].nbytes - 1  # the tensor's last byte
+        whole = torch.empty(numel)
+        msg.read_into(0, whole)
+        assert whole.equal(tensor)
+        part = torch.empty(numel // 3)  # a range that starts and ends inside chunks
+        msg.read_into(0, part, byte_offset=4 * (numel // 3))
+        assert part.equal(tensor[numel // 3 : 2 * (numel // 3)])
+        with msg.mapped(0, torch.empty(numel)) as mapped:
+            assert mapped.equal(tensor)
+    raw = bytearray(path.read_bytes())
+    raw[last] ^= 1  # the header is untouched
+    path.write_bytes(bytes(raw))
+    with message.Message(str(path), check) as msg, pytest.raises(ProtocolError, match="MAC mismatch"):
+        msg.read_into(0, torch.empty(numel))
+    monkeypatch.setenv("FSDIST_MAC_PAYLOADS", "0")
+    with pytest.raises(ProtocolError, match="FSDIST_MAC_PAYLOADS alike"):
+        message.Message(str(path), seal("gen-0123456789abcdef/groups/k.0.0/p0-1.0"))
+
+
+@pytest.mark.parametrize(
+    "mode,size,problem", [(0o644, 32, "other users can read"), (0o600, 8, "holds 8 bytes"), (0o600, 32, None)]
+)
+def test_a_secret_others_can_read_is_refused(tmp_path, monkeypatch, mode: int, size: int, problem: str | None) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(os.urandom(size))
+    path.chmod(mode)
+    monkeypatch.setenv("FSDIST_SECRET_FILE", str(path))
+    if problem is None:
+        assert seal("x").keyed
+        return
+    with pytest.raises(FsdistError, match=problem):
+        seal("x")
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+
+
+def test_payload_tags_need_a_secret(monkeypatch) -> None:
+    monkeypatch.delenv("FSDIST_SECRET_FILE", raising=False)
+    monkeypatch.setenv("FSDIST_MAC_PAYLOADS", "1")
+    with pytest.raises(FsdistError, match="FSDIST_SECRET_FILE"):
+        seal("x")
+
+
+# ---- real jobs ----------------------------------------------------------------------------------
+
+
+def _pool(tmp_path, payloads: bool = False) -> RankPool:
+    secret = tmp_path / "secret"
+    if not secret.exists():
+        secret.write_bytes(os.urandom(32))
+        secret.chmod(0o600)
+    env = {"FSDIST_SECRET_FILE": str(secret), "FSDIST_MAC_PAYLOADS": "1" if payloads else "0"}
+    return RankPool(2, env=env, group_timeout=30)
+
+
+@pytest.mark.parametrize("payloads", [False, True], ids=["mac", "mac+payloads"])
+def test_a_job_with_a_secret_gives_the_same_results(tmp_path, payloads: bool) -> None:
+    pool = _pool(tmp_path, payloads)
+    try:
+        failures = pool.run(cases_mac.collectives_are_right, [1, 1000, 70_000, 1 << 20])
+        assert failures == [[], []]
+    finally:
+        pool.close()
+
+
+def _refused_on_every_rank(said: list[str], words: str) -> None:
+    assert "MAC mismatch" in said[0] and words in said[0], said[0]
+    assert said[1] != "ok" and "MAC mismatch" in said[1], said[1]  # the other rank names it too
+
+
+def test_a_forged_message_is_refused_on_every_rank(tmp_path) -> None:
+    pool = _pool(tmp_path)
+    try:  # 1 MiB: a point-to-point message of its own file (smaller ones ride in records and rings)
+        _refused_on_every_rank(pool.run(cases_mac.forged_message, 1 << 18), "p1-0.")
+    finally:
+        pool.kill()
+
+
+def test_a_forged_state_record_is_refused_on_every_rank(tmp_path) -> None:
+    pool = _pool(tmp_path)
+    try:
+        _refused_on_every_rank(pool.run(cases_mac.forged_record), "state.r1")
+    finally:
+        pool.kill()
+
+
+def test_an_altered_payload_is_refused_on_every_rank(tmp_path) -> None:
+    pool = _pool(tmp_path, payloads=True)
+    try:
+        _refused_on_every_rank(pool.run(cases_mac.payload_altered, 1 << 18), "payload")
+    finally:
+        pool.kill()
