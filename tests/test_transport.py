@@ -40,7 +40,7 @@ def _pair(tmp_path, optimistic: bool = True) -> tuple[Progress, Progress]:
 def _publish(progress: Progress, seq: int, step: int, value: float) -> bytes:
     """Rank ``progress`` enters ``seq`` and publishes ``value`` inline at ``step``; the message."""
     progress.enter(seq, "all_reduce SUM float32[1]")
-    check = progress.message_seal(layout.message_name(progress.rank, seq, step))
+    check = progress.collective_seal(progress.rank, step)
     encoded = b"".join(
         message.encode(seq, 0, progress.description, [torch.tensor([value])], check, message.INLINE_ALIGN)
     )
@@ -251,7 +251,6 @@ def test_mid_size_collective_messages_go_through_the_ring_and_its_space_is_reuse
     """Between a record slot and COLLECTIVE_RING_MAX, a message goes into its rank's ring file
     (one file for all of them, space reused once readers are past) and the slot says where."""
     from fsdist.defaults import COLLECTIVE_RING_MAX, RING_BYTES
-    from fsdist.protocol import layout
 
     reader, writer = _transports(tmp_path)
     if not writer.retention.spares.enabled:

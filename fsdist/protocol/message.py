@@ -200,14 +200,14 @@ def parse_header(head: bytes, where: str, check: Seal) -> Header:
     if header_len > len(head):
         raise _ShortHeaderError(header_len)
     end = header_len - TAG_BYTES
-    if not check.verify(memoryview(head)[end:header_len], memoryview(head)[:end]):
+    if not check.verify_at(head, end):
         raise ProtocolError(check.mismatch(f"{where} (a message header)"))
     if bool(flags & FLAG_PAYLOAD_TAGS) != check.payloads:
         raise ProtocolError(
             f"{where}: its payload is {'' if flags & FLAG_PAYLOAD_TAGS else 'not '}tagged and this rank's "
             "setting says otherwise: set FSDIST_MAC_PAYLOADS alike on every rank"
         )
-    key = (nparts, desc_len, flags, bytes(memoryview(head)[_FIXED.size : end]))
+    key = (nparts, desc_len, flags, head[_FIXED.size : end])
     known = _PARSED.get(key)
     if known is None:
         known = _parse_body(head, nparts, desc_len, header_len, bool(flags & FLAG_PAYLOAD_TAGS), where)

@@ -180,8 +180,7 @@ def decode(raw: bytes, path: str, check: Seal) -> PeerState:
         raise ProtocolError(f"{path} is not an fsdist v{VERSION} state record")
     if len(raw) < HEADER_SIZE:
         raise ProtocolError(f"{path}: a state record of {len(raw)} bytes is cut short (its header is {HEADER_SIZE})")
-    body = memoryview(raw)[: HEADER_SIZE - TAG_BYTES]
-    if not check.verify(memoryview(raw)[HEADER_SIZE - TAG_BYTES : HEADER_SIZE], body):
+    if not check.verify_at(raw, HEADER_SIZE - TAG_BYTES):
         raise ProtocolError(check.mismatch(f"{path} (its state record's header)"))
     text = raw[_DESCRIPTION_OFFSET : _DESCRIPTION_OFFSET + length].decode(errors="replace")
     return PeerState(seq, step, bool(flags & FLAG_CLOSED), text, history, bool(flags & FLAG_ABORTED))

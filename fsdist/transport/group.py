@@ -91,8 +91,7 @@ class GroupTransport:
         ``readers`` (interfaces.py) lets its space be reused as soon as they are past it.
         """
         seq, description = self.progress.seq, self.progress.description
-        name = layout.message_name(self.rank, seq, step)
-        check = self.progress.message_seal(name)
+        check = self.progress.collective_seal(self.rank, step)
         encoded = (
             message.encode_inline(seq, tag, description, tensors, state_record.INLINE_MAX, check) if INLINE else None
         )
@@ -112,7 +111,7 @@ class GroupTransport:
         ):
             return
         self.retention.make_room(size)
-        path, spare = self.retention.write(name, buffers, size)
+        path, spare = self.retention.write(layout.message_name(self.rank, seq, step), buffers, size)
         self.retention.keep(seq, step, path, size, spare, readers)
         self.progress.advance(step, readers)
 
@@ -139,7 +138,7 @@ class GroupTransport:
     def open_message(self, peer: int, step: int) -> message.Message | message.InlineMessage:
         """Open ``peer``'s message for (current operation, ``step``); call ``wait_for`` first."""
         progress = self.progress
-        check = progress.message_seal(layout.message_name(peer, progress.seq, step))
+        check = progress.collective_seal(peer, step)
         # optimistic reads: a file is opened before the record is read again under the lock to
         # confirm there is none (a message is either inline or a file, so a file found is it)
         inline = progress.inline_message(peer, step, confirm=not progress.optimistic)

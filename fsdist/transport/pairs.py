@@ -281,8 +281,7 @@ class Pairs:
         return message.Message(path, check, mapped=self._mapped)
 
     def _seal(self, src: int, dst: int, index: int) -> Seal:
-        """The seal of message ``index`` from ``src`` to ``dst``, however it travels."""
-        return self._progress.message_seal(layout.p2p_name(src, dst, index))
+        return self._progress.p2p_seal(src, dst, index)
 
     def discard(self, src: int, index: int, size: int) -> None:
         """The receiver disposes of a message it consumed (its only reader): a spare, or deleted;

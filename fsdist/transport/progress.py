@@ -431,11 +431,19 @@ class Progress:
     def where(self) -> str:
         return f"rank {self.names[self.rank]}{self._tier}, operation #{self.seq} '{self.description}'"
 
-    def message_seal(self, name: str) -> Seal:
-        """The seal of this group's message ``name`` (layout.message_name or p2p_name) wherever it
-        travels, inline, in a ring or as a file: bound to its sender, its operation and step (or
-        pair and index), this group and this job."""
-        return self._sealer.seal(f"{self._identity}/{name}")
+    def collective_seal(self, rank: int, step: int) -> Seal:
+        """The seal of ``rank``'s message at ``step`` of the current operation, wherever it travels
+        (inline, in a ring or as a file): bound to its sender, operation and step, this group and
+        this job. (Without a key, the CRC's: no identity to spell out.)"""
+        if self._sealer.key is None:
+            return self.seals[rank]
+        return self._sealer.seal(f"{self._identity}/{layout.message_name(rank, self.seq, step)}")
+
+    def p2p_seal(self, src: int, dst: int, index: int) -> Seal:
+        """The seal of message ``index`` from ``src`` to ``dst``, however it travels."""
+        if self._sealer.key is None:
+            return self.seals[src]
+        return self._sealer.seal(f"{self._identity}/{layout.p2p_name(src, dst, index)}")
 
     def state_path(self, rank: int) -> str:
         return self._state_paths[rank]
