@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 
-def _error_text(call) -> str:
+def error_text(call) -> str:
     try:
         call()
     except Exception as exc:  # noqa: BLE001 - the error text is what the test checks
@@ -22,13 +22,13 @@ def one_rank_skips_all_reduce() -> str:
     if dist.get_rank() == 1:
         time.sleep(5)
         return "skipped"
-    return _error_text(lambda: dist.all_reduce(torch.ones(3)))
+    return error_text(lambda: dist.all_reduce(torch.ones(3)))
 
 
 def shapes_disagree() -> str:
     """Rank 0 reduces 12 elements, the others 10: every rank must say so, showing both sides."""
     n = 12 if dist.get_rank() == 0 else 10
-    return _error_text(lambda: dist.all_reduce(torch.ones(n)))
+    return error_text(lambda: dist.all_reduce(torch.ones(n)))
 
 
 def ops_disagree(async_op: bool) -> list[str]:
@@ -47,8 +47,8 @@ def ops_disagree(async_op: bool) -> list[str]:
                 pass
             work.wait()
 
-    first = _error_text(call)
-    later = _error_text(lambda: dist.all_reduce(torch.ones(1)))
+    first = error_text(call)
+    later = error_text(lambda: dist.all_reduce(torch.ones(1)))
     return [first, later]
 
 
@@ -58,7 +58,7 @@ def peer_dies_during_all_reduce() -> str:
         time.sleep(0.5)
         os._exit(9)
     start = time.monotonic()
-    text = _error_text(lambda: dist.all_reduce(torch.ones(3)))
+    text = error_text(lambda: dist.all_reduce(torch.ones(3)))
     return f"{text} [after {time.monotonic() - start:.2f} s]"
 
 
@@ -70,13 +70,13 @@ def roots_disagree() -> str:
         for _ in range(200):
             dist.broadcast(torch.ones(4), src=rank)
 
-    return _error_text(loop)
+    return error_text(loop)
 
 
 def dtypes_disagree() -> str:
     """Rank 0 reduces float64, the others float32 (same shape): every rank must say so."""
     dtype = torch.float64 if dist.get_rank() == 0 else torch.float32
-    return _error_text(lambda: dist.all_reduce(torch.ones(8, dtype=dtype)))
+    return error_text(lambda: dist.all_reduce(torch.ones(8, dtype=dtype)))
 
 
 def modes_of_everything_in_the_run_directory() -> list[str]:
@@ -101,10 +101,10 @@ def tensors_no_file_can_carry() -> list[str]:
     the group stays usable."""
     peer = (dist.get_rank() + 1) % dist.get_world_size()
     texts = [
-        _error_text(lambda: dist.all_reduce(torch.ones(3, device="meta"))),
-        _error_text(lambda: dist.broadcast(torch.ones(3, device="meta"), src=0)),
-        _error_text(lambda: dist.send(torch.ones(3, device="meta"), peer)),
-        _error_text(lambda: dist.broadcast(torch.ones(3).to_sparse(), src=0)),  # all_reduce has sparse SUM
+        error_text(lambda: dist.all_reduce(torch.ones(3, device="meta"))),
+        error_text(lambda: dist.broadcast(torch.ones(3, device="meta"), src=0)),
+        error_text(lambda: dist.send(torch.ones(3, device="meta"), peer)),
+        error_text(lambda: dist.broadcast(torch.ones(3).to_sparse(), src=0)),  # all_reduce has sparse SUM
     ]
     after = torch.ones(2)
     dist.all_reduce(after)
@@ -115,4 +115,4 @@ def tensors_no_file_can_carry() -> list[str]:
 def reduce_ops_disagree() -> str:
     """Rank 0 asks for MAX where the others ask for SUM (same tensor): every rank must say so."""
     op = dist.ReduceOp.MAX if dist.get_rank() == 0 else dist.ReduceOp.SUM
-    return _error_text(lambda: dist.all_reduce(torch.ones(5), op=op))
+    return error_text(lambda: dist.all_reduce(torch.ones(5), op=op))

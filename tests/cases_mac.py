@@ -16,6 +16,8 @@ from fsdist.files.locks import LockedRecord
 from fsdist.files.seal import Sealer
 from fsdist.protocol import message, state_record
 
+from cases_errors import error_text
+
 #: the check a forger without the secret can compute
 CRC = Sealer(None, False).seal("")
 
@@ -23,14 +25,6 @@ CRC = Sealer(None, False).seal("")
 def _group_dir() -> str:
     (found,) = glob.glob(os.path.join(os.environ["FSDIST_TEST_DIR"], "gen-*", "groups", "k.0.0"))
     return found
-
-
-def _outcome(call) -> str:
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - what it says is what the test checks
-        return f"{type(exc).__name__}: {exc}"
-    return "ok"
 
 
 def forged_message(numel: int) -> str:
@@ -46,29 +40,40 @@ def forged_message(numel: int) -> str:
             os.path.basename(path),
             message.encode(index, 0, "forged", [torch.full((numel,), 666.0)], CRC),
         )
-        dist.barrier()
-        time.sleep(0.5)  # rank 0 fails on the forgery and aborts the group
-        return _outcome(dist.barrier)
-    dist.barrier()
+        return error_text(_barriers_while_rank_0_fails)
     received = torch.empty(numel)
-    return _outcome(lambda: dist.recv(received, 1))
+    return error_text(lambda: (dist.barrier(), dist.recv(received, 1)))
+
+
+def _barriers_while_rank_0_fails() -> None:
+    """Meet rank 0, then again once it has met the forgery: this rank's first barrier may already
+    end on rank 0's abort (rank 0 can leave it, fail and abort before this rank sees it left)."""
+    dist.barrier()
+    time.sleep(0.5)
+    dist.barrier()
 
 
 def forged_record() -> str:
     """Rank 1 (as a forger would) rewrites its own state record's header with a valid CRC, saying
-    it reached a later operation; rank 0 then waits for it in an all_reduce."""
-    rank = dist.get_rank()
-    dist.barrier()
+    it reached a later operation; rank 0 reads it (still in the barrier before, or in the
+    all_reduce after: whichever it reads, the forgery is refused)."""
     path = os.path.join(_group_dir(), "state.r1")
-    if rank == 1:
+
+    def rank_1() -> None:
+        dist.barrier()
         with LockedRecord(path, create=False) as record:
             record.write(state_record.encode(10_000, 1, "all_reduce SUM float32[4]", 0, 0, CRC))
         time.sleep(1.0)  # rank 0 reads it, refuses it and aborts the group
-    else:  # only once the forgery is there (else rank 1's own next write could come first)
-        end = time.monotonic() + 30
+        dist.all_reduce(torch.ones(4))
+
+    def rank_0() -> None:
+        dist.barrier()
+        end = time.monotonic() + 30  # only once the forgery is there (rank 1's own next write could come first)
         while _seq_in(path) != 10_000 and time.monotonic() < end:
             time.sleep(0.01)
-    return _outcome(lambda: dist.all_reduce(torch.ones(4)))
+        dist.all_reduce(torch.ones(4))
+
+    return error_text(rank_1 if dist.get_rank() == 1 else rank_0)
 
 
 def _seq_in(path: str) -> int:
@@ -89,12 +94,9 @@ def payload_altered(numel: int) -> str:
             byte = file.read(1)
             file.seek(-1, os.SEEK_CUR)
             file.write(bytes([byte[0] ^ 0x40]))
-        dist.barrier()
-        time.sleep(0.5)
-        return _outcome(dist.barrier)
-    dist.barrier()
+        return error_text(_barriers_while_rank_0_fails)
     received = torch.empty(numel)
-    return _outcome(lambda: dist.recv(received, 1))
+    return error_text(lambda: (dist.barrier(), dist.recv(received, 1)))
 
 
 def collectives_are_right(sizes: list[int]) -> list[str]:

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from fsdist.defaults import ENV_ALGO
 
-from cases_errors import _error_text
+from cases_errors import error_text
 
 
 def node_tiers(local: str) -> list[str]:
@@ -153,10 +153,10 @@ def nodes_disagree_on_the_shape() -> str:
     """Node 0's ranks reduce 12 elements, node 1's 10: the ranks of each node agree with each
     other, so only the leaders can see it, and every rank of every node must hear of it."""
     n = 12 if os.environ["FSDIST_NODE_ID"] == "node0" else 10
-    return _error_text(lambda: dist.all_reduce(torch.ones(n)))
+    return error_text(lambda: dist.all_reduce(torch.ones(n)))
 
 
 def one_rank_disagrees_on_the_shape() -> str:
     """Rank 1 (not a leader) reduces 12 elements, every other rank 10."""
     n = 12 if dist.get_rank() == 1 else 10
-    return _error_text(lambda: dist.all_reduce(torch.ones(n)))
+    return error_text(lambda: dist.all_reduce(torch.ones(n)))

@@ -148,7 +148,7 @@ def test_a_job_with_a_secret_gives_the_same_results(tmp_path, payloads: bool) ->
 
 def _refused_on_every_rank(said: list[str], words: str) -> None:
     assert "MAC mismatch" in said[0] and words in said[0], said[0]
-    assert said[1] != "ok" and "MAC mismatch" in said[1], said[1]  # the other rank names it too
+    assert "MAC mismatch" in said[1], said[1]  # the other rank names it too
 
 
 def test_a_forged_message_is_refused_on_every_rank(tmp_path) -> None:
