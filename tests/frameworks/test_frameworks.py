@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness import left_in
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "frameworks"
 STEPS = 5
@@ -157,7 +159,7 @@ def test_lightning_starts_its_own_second_rank_over_fsdist(tmp_path, gloo) -> Non
     done = _run([sys.executable, str(EXAMPLES / "train_lightning.py"), "--save", "params.pt"], tmp_path, env)
     _check(done, "lightning", "fsdist")
     _assert_same_bits(tmp_path / "params.pt", gloo("lightning"))
-    assert not local.exists() or not os.listdir(local), f"fsdist left files behind: {os.listdir(local)}"
+    assert not local.exists() or not left_in(str(local)), f"fsdist left files behind: {left_in(str(local))}"
     _only(tmp_path, "params.pt", *(["local"] if local.exists() else []))
 
 
