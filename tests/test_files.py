@@ -15,6 +15,7 @@ from fsdist.files.locks import Counter, LockedRecord, encode_counter
 from fsdist.files.mapped import MappedFiles
 from fsdist.files.seal import seal
 from fsdist.protocol import message, state_record
+from fsdist.transport.incoming import FileMessage, InlineMessage
 from fsdist.transport.spares import SparePool
 
 from harness import run_forked
@@ -58,7 +59,7 @@ def test_reader_never_sees_a_partial_or_mixed_file(tmp_path) -> None:
     seen = 0
     while writer.is_alive() or seen == 0:
         try:
-            msg = message.Message(os.path.join(directory, "msg"), CRC)
+            msg = FileMessage(os.path.join(directory, "msg"), CRC)
         except FileNotFoundError:
             continue
         with msg:
@@ -82,8 +83,8 @@ def test_truncated_and_foreign_files_are_refused(tmp_path) -> None:
     (tmp_path / "cut").write_bytes(raw[:-100])
     for name in ("foreign", "short", "badcrc"):
         with pytest.raises(ProtocolError):
-            message.Message(str(tmp_path / name), CRC)
-    with message.Message(str(tmp_path / "cut"), CRC) as msg, pytest.raises(FsdistError, match="ended after"):
+            FileMessage(str(tmp_path / name), CRC)
+    with FileMessage(str(tmp_path / "cut"), CRC) as msg, pytest.raises(FsdistError, match="ended after"):
         msg.read_into(0, torch.empty(100, dtype=torch.int64))
 
 
@@ -100,7 +101,7 @@ def test_inline_messages_round_trip_and_damaged_slots_are_refused() -> None:
     assert state_record.find_inline(bytes(record), 8, 2) is None  # a stale slot of another operation
     found = state_record.find_inline(bytes(record), 9, 2)
     assert found == raw
-    msg = message.InlineMessage(found, "record", CRC)
+    msg = InlineMessage(found, "record", CRC)
     assert (msg.seq, msg.description, [p.shape for p in msg.parts]) == (9, "all_gather float64[]", [(5,), (), (0,)])
     out = torch.empty(5, dtype=torch.int16)
     msg.read_into(0, out)
@@ -114,9 +115,9 @@ def test_inline_messages_round_trip_and_damaged_slots_are_refused() -> None:
     with pytest.raises(ProtocolError, match="claims"):
         state_record.find_inline(bytes(lying), 9, 2)
     with pytest.raises(ProtocolError):
-        message.InlineMessage(raw[:-8], "record", CRC)  # a part now ends outside the message
+        InlineMessage(raw[:-8], "record", CRC)  # a part now ends outside the message
     with pytest.raises(ProtocolError):
-        message.InlineMessage(raw[:40], "record", CRC)  # the header itself is cut
+        InlineMessage(raw[:40], "record", CRC)  # the header itself is cut
 
 
 def test_pair_areas_carry_both_counters_and_small_point_to_point_messages() -> None:
@@ -161,7 +162,7 @@ def test_symlinks_are_not_followed(tmp_path) -> None:
     target.write_bytes(b"secret")
     os.symlink(target, tmp_path / "link")
     with pytest.raises(UntrustedPathError, match="symbolic link"):
-        message.Message(str(tmp_path / "link"), CRC)
+        FileMessage(str(tmp_path / "link"), CRC)
     with pytest.raises(UntrustedPathError, match="symbolic link"):
         LockedRecord(str(tmp_path / "link"))
 
@@ -185,7 +186,7 @@ def test_every_dtype_round_trips(tmp_path) -> None:
         else:
             tensor = torch.arange(12).to(dtype).reshape(3, 4)
         path = publish(str(tmp_path), "m", message.encode(7, -3, "d", [tensor], CRC))
-        with message.Message(path, CRC) as msg:
+        with FileMessage(path, CRC) as msg:
             assert (msg.seq, msg.tag, msg.parts[0].dtype, msg.parts[0].shape) == (7, -3, dtype, tuple(tensor.shape))
             out = torch.empty_like(tensor)
             msg.read_into(0, out)
@@ -263,7 +264,7 @@ def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) 
     spare = pool.take(4000 + 64)
     assert spare is not None
     spare.publish(str(tmp_path / "m2"), message.encode(2, 0, "small", [small], CRC))
-    with message.Message(str(tmp_path / "m2"), CRC) as msg:
+    with FileMessage(str(tmp_path / "m2"), CRC) as msg:
         out = torch.empty(1000)
         msg.read_into(0, out)
         assert msg.seq == 2 and torch.equal(out, small)
@@ -274,7 +275,7 @@ def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) 
     spare = pool.take(bigger.numel() * 8)
     assert spare is not None
     spare.publish(str(tmp_path / "m3"), message.encode(3, 0, "bigger", [bigger], CRC))
-    with message.Message(str(tmp_path / "m3"), CRC) as msg:
+    with FileMessage(str(tmp_path / "m3"), CRC) as msg:
         out64 = torch.empty(300_000, dtype=torch.float64)
         msg.read_into(0, out64)
         assert torch.equal(out64, bigger)
@@ -282,13 +283,13 @@ def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) 
             assert torch.equal(view, bigger[1000:2000])
             view.add_(1)  # a private mapping: the writer's file is untouched
     for _ in range(2):  # seen before: read through the kept mapping
-        with message.Message(str(tmp_path / "m3"), CRC, mapped=mapped) as msg:
+        with FileMessage(str(tmp_path / "m3"), CRC, mapped=mapped) as msg:
             out64.zero_()
             msg.read_into(0, out64)
             assert torch.equal(out64, bigger)
     assert len(mapped._maps) == 1
     (kept,) = mapped._maps.values()
-    with message.Message(str(tmp_path / "m3"), CRC, mapped=mapped) as msg:
+    with FileMessage(str(tmp_path / "m3"), CRC, mapped=mapped) as msg:
         operand = msg.mapped(0, out64[1000:2000], byte_offset=1000 * 8)
     with operand as view:  # a reduction's operand: the kept mapping itself, held for the block
         assert kept.users == 1 and torch.equal(view, bigger[1000:2000])
@@ -376,7 +377,7 @@ def test_a_message_file_shorter_than_its_part_is_a_protocol_error_when_mapped(tm
     big = torch.arange(100_000, dtype=torch.float32)
     path = publish(str(tmp_path), "m", message.encode(1, 0, "big", [big], CRC))
     os.truncate(path, 8192)
-    with message.Message(path, CRC) as msg, pytest.raises(ProtocolError, match="ends before"):
+    with FileMessage(path, CRC) as msg, pytest.raises(ProtocolError, match="ends before"):
         msg.mapped(0, big)
 
 
@@ -395,7 +396,7 @@ def test_spare_pool_is_bounded_and_off_where_disabled(tmp_path) -> None:
 
 
 def test_a_waiter_spins_only_while_the_run_queue_leaves_a_core_free(tmp_path) -> None:
-    """Progress.cores_to_spin's machine-wide half: runnable threads (the reader included) <= cores."""
+    """Waiter.cores_to_spin's machine-wide half: runnable threads (the reader included) <= cores."""
     from fsdist.files.doorbell import RunQueue
 
     loadavg = tmp_path / "loadavg"

@@ -29,6 +29,7 @@ from fsdist.files.locks import Counter, decode_counter, encode_counter
 from fsdist.files.seal import TAG_BYTES, seal
 from fsdist.protocol import failure_report, layout, message, rendezvous_record, state_record
 from fsdist.protocol.sealed import seal_json, seal_value, unseal_json
+from fsdist.transport.incoming import FileMessage, InlineMessage, RingMessage
 
 EXAMPLES = int(os.environ.get("FSDIST_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(  # no example database: nothing written beside the tests
@@ -76,7 +77,7 @@ def _with_crc(raw: bytes) -> bytes:
 
 
 def _read_message(raw: bytes) -> None:
-    msg = message.InlineMessage(raw, "fuzz", CRC)
+    msg = InlineMessage(raw, "fuzz", CRC)
     for index, part in enumerate(msg.parts):
         dest = torch.empty(part.nbytes, dtype=torch.uint8)
         msg.read_into(index, dest)
@@ -86,7 +87,7 @@ def _read_message(raw: bytes) -> None:
 @given(raw=_mutations(VALID_MESSAGE))
 def test_a_message_is_read_or_refused_with_a_protocol_error(raw: bytes) -> None:
     try:
-        msg = message.InlineMessage(raw, "fuzz", CRC)
+        msg = InlineMessage(raw, "fuzz", CRC)
     except ProtocolError:
         return
     # a header that passed its checksum is the one written: same seq, tag, description, parts
@@ -110,7 +111,7 @@ def test_a_message_file_is_read_or_refused_with_a_protocol_error(tmp_path_factor
     path = tmp_path_factory.mktemp("fuzz") / name
     path.write_bytes(_with_crc(raw))
     try:
-        with message.Message(str(path), CRC) as msg:
+        with FileMessage(str(path), CRC) as msg:
             for index, part in enumerate(msg.parts):
                 if 0 <= part.nbytes <= 1 << 20:  # what a reader would ask for: a tensor it owns
                     msg.read_into(index, torch.empty(part.nbytes, dtype=torch.uint8))
@@ -142,7 +143,7 @@ def test_a_ring_reference_and_its_message_are_read_or_refused_with_a_protocol_er
             return
         offset, length = found
         assert offset >= 0 and offset + length <= _RING
-        msg = message.Message.in_ring(fd, offset, length, "fuzz", CRC)
+        msg = RingMessage(fd, offset, length, "fuzz", CRC)
         for index, part in enumerate(msg.parts):
             assert part.offset + part.nbytes <= length
             msg.read_into(index, torch.empty(part.nbytes, dtype=torch.uint8))
@@ -409,7 +410,7 @@ def _store_add(directory: str) -> object:
 
 
 def _message(directory: str) -> object:
-    with message.Message(os.path.join(directory, "m0.1.r0"), CRC) as msg:
+    with FileMessage(os.path.join(directory, "m0.1.r0"), CRC) as msg:
         return msg.seq
 
 

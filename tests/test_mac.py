@@ -17,6 +17,7 @@ from fsdist.files.locks import decode_counter, encode_counter
 from fsdist.files.seal import CHUNK_BYTES, Sealer, seal
 from fsdist.protocol import message, rendezvous_record, state_record
 from fsdist.protocol.sealed import seal_json, seal_value, unseal_json, unseal_value
+from fsdist.transport.incoming import FileMessage, InlineMessage
 
 from harness import RankPool
 
@@ -65,12 +66,12 @@ def test_a_message_header_is_bound_to_its_identity(secret) -> None:
     mine = seal("gen-0123456789abcdef/groups/k.0.0/m5.1.r0")
     theirs = seal("gen-0123456789abcdef/groups/k.0.0/m5.1.r1")
     raw = b"".join(message.encode(5, 0, "all_reduce", [torch.arange(4.0)], mine, message.INLINE_ALIGN))
-    assert message.InlineMessage(raw, "slot", mine).seq == 5
+    assert InlineMessage(raw, "slot", mine).seq == 5
     with pytest.raises(ProtocolError, match="MAC mismatch"):  # rank 0's message where rank 1's belongs
-        message.InlineMessage(raw, "slot", theirs)
+        InlineMessage(raw, "slot", theirs)
     forged = b"".join(message.encode(5, 0, "all_reduce", [torch.arange(4.0)], CRC, message.INLINE_ALIGN))
     with pytest.raises(ProtocolError, match="MAC mismatch"):
-        message.InlineMessage(forged, "slot", mine)
+        InlineMessage(forged, "slot", mine)
 
 
 @pytest.mark.parametrize("numel", [3, CHUNK_BYTES // 4 * 3 + 5])
@@ -81,7 +82,7 @@ def test_payload_tags_catch_a_changed_byte_wherever_a_reader_reads(secret, tmp_p
     tensor = torch.arange(numel, dtype=torch.float32)
     path = tmp_path / "m"
     path.write_bytes(b"".join(bytes(b) for b in message.encode(0, 0, "send", [tensor], check)))
-    with message.Message(str(path), check) as msg:
+    with FileMessage(str(path), check) as msg:
         last = msg.parts[0].offset + msg.parts[0].nbytes - 1  # the tensor's last byte
         whole = torch.empty(numel)
         msg.read_into(0, whole)
@@ -94,11 +95,11 @@ def test_payload_tags_catch_a_changed_byte_wherever_a_reader_reads(secret, tmp_p
     raw = bytearray(path.read_bytes())
     raw[last] ^= 1  # the header is untouched
     path.write_bytes(bytes(raw))
-    with message.Message(str(path), check) as msg, pytest.raises(ProtocolError, match="MAC mismatch"):
+    with FileMessage(str(path), check) as msg, pytest.raises(ProtocolError, match="MAC mismatch"):
         msg.read_into(0, torch.empty(numel))
     monkeypatch.setenv("FSDIST_MAC_PAYLOADS", "0")
     with pytest.raises(ProtocolError, match="FSDIST_MAC_PAYLOADS alike"):
-        message.Message(str(path), seal("gen-0123456789abcdef/groups/k.0.0/p0-1.0"))
+        FileMessage(str(path), seal("gen-0123456789abcdef/groups/k.0.0/p0-1.0"))
 
 
 @pytest.mark.parametrize(

@@ -24,22 +24,14 @@ import os
 import secrets
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 
-from ..defaults import (
-    FIRST_SLEEP_SECONDS,
-    HEALTH_CHECK_SECONDS,
-    LOCK_MAX_SLEEP_SECONDS,
-    LOCK_SPIN_SECONDS,
-    LOCK_TIMEOUT_SECONDS,
-    LONG_SLEEP_SECONDS,
-    LONG_WAIT_SECONDS,
-)
+from ..defaults import LOCK_TIMEOUT_SECONDS
 from ..errors import FsdistTimeoutError, ProtocolError
 from .io import open_file, retrying, unlink_quietly
 from .seal import TAG_BYTES, Seal, seal
 from .trust import size_checked
+from .waiting import LOCKING, Deadline, poll
 
 _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
 _FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: type, whence, start, len, pid (0 for OFD)
@@ -65,37 +57,21 @@ def lock(fd: int, kind: int, path: str = "", on_wait: OnWait | None = None) -> N
 
     Never a blocking F_SETLKW: a holder that stops (SIGSTOP, a debugger, a stalled machine)
     would keep every waiter in the kernel past any deadline, where no health check runs. A
-    busy lock is retried instead: at once for LOCK_SPIN_SECONDS (healthy holders keep a lock
-    for microseconds), then with doubling pauses, short ones first (a waiter that sleeps long
-    loses the lock to those that retry sooner), long ones once the wait is long (on NFS each
-    retry is a call to the server). ``on_wait`` judges a long wait; without one the wait fails
-    after LOCK_TIMEOUT_SECONDS.
+    busy lock is retried instead, paced as every wait is (files/waiting.py ``LOCKING``: at once
+    for a while, then short pauses, long ones once the wait is long: on NFS each retry is a call
+    to the server). ``on_wait`` judges a long wait; without one the wait fails after
+    LOCK_TIMEOUT_SECONDS.
     """
-    if _try(fd, kind):
-        return
-    start = time.monotonic()
-    next_check = start + HEALTH_CHECK_SECONDS
-    pause = 0.0
-    while True:
-        if pause:
-            time.sleep(pause)
-        else:
-            os.sched_yield()
-        if _try(fd, kind):
-            return
-        now = time.monotonic()
-        if now - start >= LOCK_SPIN_SECONDS:
-            cap = LOCK_MAX_SLEEP_SECONDS if now - start < LONG_WAIT_SECONDS else LONG_SLEEP_SECONDS
-            pause = min(max(pause * 2, FIRST_SLEEP_SECONDS), cap)
-        if now >= next_check:
-            next_check = now + HEALTH_CHECK_SECONDS
-            if on_wait is not None:
-                on_wait(now - start)
-            elif now - start >= LOCK_TIMEOUT_SECONDS:
-                raise FsdistTimeoutError(
-                    f"Timed out after {now - start:.1f} s waiting for the lock on {path or f'descriptor {fd}'}: "
-                    "another process holds it and does not let go (stopped, or stalled on the filesystem)"
-                )
+    poll(
+        lambda: True if _try(fd, kind) else None,
+        Deadline(float("inf") if on_wait is not None else LOCK_TIMEOUT_SECONDS),
+        lambda: FsdistTimeoutError(
+            f"Timed out after {LOCK_TIMEOUT_SECONDS:.0f} s waiting for the lock on {path or f'descriptor {fd}'}: "
+            "another process holds it and does not let go (stopped, or stalled on the filesystem)"
+        ),
+        on_wait,
+        schedule=LOCKING,
+    )
 
 
 def _try(fd: int, kind: int) -> bool:

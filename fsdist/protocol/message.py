@@ -1,4 +1,5 @@
-"""The on-disk message format: a fixed binary header, part descriptors, raw bytes.
+"""The on-disk message format: a fixed binary header, part descriptors, raw bytes (the codec:
+encoding, parsing and checking bytes; transport/incoming.py reads messages where they lie).
 
 A message is what one rank publishes in one step: one or more tensors ("parts"). Everything is
 plain little-endian integers and raw tensor bytes, readable on any machine; nothing is ever
@@ -25,19 +26,13 @@ it reads against them before the bytes reach a tensor.
 from __future__ import annotations
 
 import math
-import mmap
-import os
 import struct
-import warnings
 from collections.abc import Sequence
-from contextlib import AbstractContextManager, nullcontext
 from typing import NamedTuple
 
 import torch
 
 from ..errors import ProtocolError
-from ..files.io import open_file, read_exact
-from ..files.mapped import Held, MappedFiles
 from ..files.seal import CHUNK_BYTES, TAG_BYTES, Seal
 
 MAGIC = b"FSDM"
@@ -49,7 +44,6 @@ _DIM = struct.Struct("<q")
 _CHUNK = struct.Struct("<II")  # a payload tag covers (part index, chunk index) and the chunk
 #: flags: the header holds payload tags
 FLAG_PAYLOAD_TAGS = 1
-_FIRST_READ = 4096
 _MAX_HEADER = 1 << 24  # 16 MiB of part descriptors: far beyond any real message
 
 #: Wire codes of dtypes. Append only: a code, once given, never changes meaning.
@@ -198,7 +192,7 @@ def parse_header(head: bytes, where: str, check: Seal) -> Header:
     if not _FIXED.size + desc_len + TAG_BYTES <= header_len <= _MAX_HEADER:
         raise ProtocolError(f"{where}: header length {header_len} is impossible (corrupt or foreign file)")
     if header_len > len(head):
-        raise _ShortHeaderError(header_len)
+        raise ShortHeaderError(header_len)
     end = header_len - TAG_BYTES
     if not check.verify_at(head, end):
         raise ProtocolError(check.mismatch(f"{where} (a message header)"))
@@ -261,7 +255,7 @@ def _parse_body(
     return description, tuple(parts), tuple(tags)
 
 
-class _ShortHeaderError(ProtocolError):
+class ShortHeaderError(ProtocolError):
     """The header is longer than the bytes read so far (a file reader reads the rest)."""
 
     def __init__(self, header_len: int) -> None:
@@ -273,14 +267,14 @@ class _ShortHeaderError(ProtocolError):
 INLINE_ALIGN = 16
 
 
-def _covering(nbytes: int, byte_offset: int, want: int) -> tuple[int, int]:
+def covering(nbytes: int, byte_offset: int, want: int) -> tuple[int, int]:
     """The whole payload chunks, as a byte range of a part of ``nbytes``, that hold ``want`` bytes
     from ``byte_offset``: what a reader of tagged payloads must read to check them."""
     start = byte_offset - byte_offset % CHUNK_BYTES
     return start, min(nbytes, _chunks(byte_offset + want) * CHUNK_BYTES)
 
 
-def _check_payload(check: Seal, tags: bytes, index: int, start: int, data: memoryview, where: str) -> None:
+def check_payload(check: Seal, tags: bytes, index: int, start: int, data: memoryview, where: str) -> None:
     """Check ``data``, part ``index``'s bytes from chunk boundary ``start``, against its tags."""
     first = start // CHUNK_BYTES
     for number in range(_chunks(len(data))):
@@ -288,233 +282,6 @@ def _check_payload(check: Seal, tags: bytes, index: int, start: int, data: memor
         piece = data[number * CHUNK_BYTES : (number + 1) * CHUNK_BYTES]
         if not check.verify(tags[chunk * TAG_BYTES : (chunk + 1) * TAG_BYTES], _CHUNK.pack(index, chunk), piece):
             raise ProtocolError(check.mismatch(f"{where} (part {index}'s payload, bytes {chunk * CHUNK_BYTES}-)"))
-
-
-class InlineMessage:
-    """A small message carried in a peer's state record (protocol/state_record.py), already read."""
-
-    def __init__(self, raw: bytes, where: str, check: Seal) -> None:
-        """``check``: the seal of the identity the reader expects the message to have."""
-        self.path = where
-        try:
-            header = parse_header(raw, where, check)
-        except _ShortHeaderError as exc:
-            raise ProtocolError(f"{where}: inline message of {len(raw)} bytes, header of {exc.header_len}") from None
-        self.seq, self.tag, self.description, self.parts = header.seq, header.tag, header.description, header.parts
-        for index, part in enumerate(self.parts):
-            if part.offset < 0 or part.nbytes < 0 or part.offset + part.nbytes > len(raw):
-                raise ProtocolError(f"{where}: part {index} lies outside the {len(raw)}-byte inline message")
-        self._raw = raw
-        self._check, self._tags = check, header.payload_tags
-
-    def _bytes(self, index: int, byte_offset: int, want: int) -> memoryview:
-        part = self.parts[index]
-        if byte_offset < 0 or byte_offset + want > part.nbytes:
-            raise ProtocolError(
-                f"{self.path}: part {index} holds {part.nbytes} bytes, asked for {want} at {byte_offset}"
-            )
-        if self._tags is not None:
-            first, last = _covering(part.nbytes, byte_offset, want)
-            whole = memoryview(self._raw)[part.offset + first : part.offset + last]
-            _check_payload(self._check, self._tags[index], index, first, whole, self.path)
-        start = part.offset + byte_offset
-        return memoryview(self._raw)[start : start + want]
-
-    def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
-        want = dest.numel() * dest.element_size()
-        if want:
-            tensor_bytes(dest)[:] = self._bytes(index, byte_offset, want)
-
-    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> AbstractContextManager[torch.Tensor]:
-        want = like.numel() * like.element_size()
-        copy = bytearray(self._bytes(index, byte_offset, want))  # small: a copy is the cheap way
-        return nullcontext(torch.frombuffer(copy, dtype=like.dtype, count=like.numel()).view(like.shape))
-
-    def file_size(self) -> int:
-        return 0  # it lives in the record: disposing of it frees no file
-
-    def keep(self) -> InlineMessage:
-        return self  # its bytes are this reader's own copy already
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> InlineMessage:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
-class Message:
-    """A validated message in a file; parts are read straight into caller buffers.
-
-    Either a message file of its own (``Message(path)``, which it opens and closes) or a stretch
-    of a peer's ring file (``Message.in_ring``: ``length`` bytes at ``base`` of a descriptor it
-    does not own). A ring message's bytes stay put only until the reader acknowledges it, so it
-    is never mapped, and ``keep`` copies it for a reader that leaves it for later.
-    """
-
-    def __init__(
-        self, path: str, check: Seal, fd: int | None = None, base: int = 0, length: int | None = None,
-        mapped: MappedFiles | None = None,
-    ) -> None:  # fmt: skip
-        """``check``: the seal of the identity the reader expects the message to have;
-        ``mapped``: the rank's kept mappings, to copy large parts of a file message through
-        (local filesystems; files/mapped.py)."""
-        self.path = path
-        self._check = check
-        self._mapped = mapped
-        self._owns_fd = fd is None
-        self._fd = open_file(path, os.O_RDONLY) if fd is None else fd
-        self._base, self._length = base, length
-        try:
-            self._parse_header()
-        except BaseException:
-            self.close()
-            raise
-
-    @classmethod
-    def in_ring(cls, fd: int, offset: int, length: int, where: str, check: Seal) -> Message:
-        """The message of ``length`` bytes at ``offset`` of ring file ``fd`` (see parse_ring_ref)."""
-        return cls(where, check, fd, offset, length)
-
-    def _parse_header(self) -> None:
-        first = _FIRST_READ if self._length is None else min(self._length, _FIRST_READ)
-        head = os.pread(self._fd, first, self._base)
-        try:
-            parsed = parse_header(head, self.path, self._check)
-        except _ShortHeaderError as short:
-            if self._length is not None and short.header_len > self._length:
-                raise ProtocolError(
-                    f"{self.path}: header of {short.header_len} bytes in a {self._length}-byte message"
-                ) from None
-            buffer = bytearray(short.header_len)
-            read_exact(self._fd, memoryview(buffer), self._base, self.path)
-            parsed = parse_header(bytes(buffer), self.path, self._check)
-        self.seq, self.tag, self.description, self.parts = parsed.seq, parsed.tag, parsed.description, parsed.parts
-        self._tags = parsed.payload_tags
-        if self._length is not None:
-            for index, part in enumerate(self.parts):
-                if part.offset + part.nbytes > self._length:
-                    raise ProtocolError(f"{self.path}: part {index} lies outside the {self._length}-byte message")
-
-    def _check_range(self, index: int, byte_offset: int, want: int) -> int:
-        """The file offset of ``want`` bytes at ``byte_offset`` of part ``index``, checked."""
-        part = self.parts[index]
-        if byte_offset < 0 or byte_offset + want > part.nbytes:
-            raise ProtocolError(
-                f"{self.path}: part {index} holds {part.nbytes} bytes, asked for {want} at {byte_offset}"
-            )
-        return self._base + part.offset + byte_offset
-
-    def read_into(self, index: int, dest: torch.Tensor, byte_offset: int = 0) -> None:
-        """Fill contiguous CPU ``dest`` from part ``index``, starting ``byte_offset`` into the part."""
-        want = dest.numel() * dest.element_size()
-        start = self._check_range(index, byte_offset, want)
-        if not want:
-            return
-        buffer = tensor_bytes(dest)
-        if self._tags is not None:
-            self._read_tagged(index, byte_offset, buffer)
-        elif self._mapped is None or self._length is not None or not self._mapped.read(self._fd, start, buffer):
-            read_exact(self._fd, buffer, start, self.path)
-
-    def _read_tagged(self, index: int, byte_offset: int, buffer: memoryview) -> None:
-        """Read a tagged payload's bytes into ``buffer``, checking every chunk they touch (read
-        whole, into a buffer of its own where the range does not start and end on chunk edges)."""
-        assert self._tags is not None
-        part = self.parts[index]
-        first, last = _covering(part.nbytes, byte_offset, len(buffer))
-        aligned = first == byte_offset and last == byte_offset + len(buffer)
-        whole = buffer if aligned else memoryview(bytearray(last - first))
-        read_exact(self._fd, whole, self._base + part.offset + first, self.path)
-        _check_payload(self._check, self._tags[index], index, first, whole, self.path)
-        if not aligned:
-            buffer[:] = whole[byte_offset - first : byte_offset - first + len(buffer)]
-
-    def mapped(self, index: int, like: torch.Tensor, byte_offset: int = 0) -> AbstractContextManager[torch.Tensor]:
-        """Part ``index`` from ``byte_offset`` as a read-only tensor shaped like ``like``, mapped,
-        not copied, for the ``with`` block (which may outlive this message's closing).
-
-        For reductions: ``acc += mapped`` reads the peer's bytes once, where reading them into
-        a buffer first would copy them once more. The tensor must never be written. A file this
-        rank has mapped before (a peer's spare, back under a new name) comes from its kept
-        mapping (files/mapped.py), held for the block: a store into it would reach the file, or
-        kill the process where the mapping is read-only. Any other is mapped privately
-        (copy-on-write) and unmapped when the last view of it dies (``mmap.close`` would unmap
-        under a live tensor: torch keeps no buffer export). A ring message is copied instead:
-        the sender reuses its bytes once it is acknowledged.
-        """
-        if self._length is not None or self._tags is not None:  # (tagged: checked bytes only, never the file's)
-            copy = torch.empty_like(like)
-            self.read_into(index, copy, byte_offset)
-            return nullcontext(copy)
-        want = like.numel() * like.element_size()
-        start = self._check_range(index, byte_offset, want)
-        if want == 0:
-            raise ProtocolError(f"{self.path}: asked to map no bytes of part {index}")
-        held = self._mapped.hold(self._fd, start, want) if self._mapped is not None else None
-        if held is None:
-            return nullcontext(self._private(start, like))
-        try:
-            with warnings.catch_warnings():  # read-only: torch warns once that it cannot enforce it
-                warnings.simplefilter("ignore", UserWarning)
-                tensor = torch.frombuffer(held.view, dtype=like.dtype, count=like.numel()).view(like.shape)
-        except BaseException:
-            held.release()
-            raise
-        return _HeldTensor(tensor, held)
-
-    def _private(self, start: int, like: torch.Tensor) -> torch.Tensor:
-        want = like.numel() * like.element_size()
-        base = start - start % mmap.ALLOCATIONGRANULARITY
-        try:
-            mapping = mmap.mmap(self._fd, start - base + want, access=mmap.ACCESS_COPY, offset=base)
-        except ValueError:  # (mmap's word for a file shorter than the range)
-            raise ProtocolError(
-                f"{self.path}: the file ends before byte {start + want} of its part (size {self.file_size()})"
-            ) from None
-        view = torch.frombuffer(mapping, dtype=like.dtype, count=like.numel(), offset=start - base)
-        return view.view(like.shape)
-
-    def file_size(self) -> int:
-        """The file's size (a message written through a spare may be shorter than its file); 0 for a
-        ring message, whose acknowledgement frees its space with no file to dispose of."""
-        return os.fstat(self._fd).st_size if self._length is None else 0
-
-    def keep(self) -> Message | InlineMessage:
-        """This message, readable after its acknowledgement: a file lives until its reader
-        disposes of it; a ring message is copied out."""
-        if self._length is None:
-            return self
-        raw = bytearray(self._length)
-        read_exact(self._fd, memoryview(raw), self._base, self.path)
-        return InlineMessage(bytes(raw), self.path, self._check)
-
-    def close(self) -> None:
-        if self._owns_fd and self._fd >= 0:
-            os.close(self._fd)
-        self._fd = -1
-
-    def __enter__(self) -> Message:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class _HeldTensor:
-    """A tensor over a kept mapping, for a ``with`` block that releases the mapping at its end."""
-
-    def __init__(self, tensor: torch.Tensor, held: Held) -> None:
-        self._tensor, self._held = tensor, held
-
-    def __enter__(self) -> torch.Tensor:
-        return self._tensor
-
-    def __exit__(self, *exc: object) -> None:
-        self._held.release()
 
 
 #: A point-to-point slot holding this instead of a message points into the sender's ring file for

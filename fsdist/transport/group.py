@@ -18,20 +18,23 @@ from collections.abc import Sequence
 
 import torch
 
-from ..defaults import COLLECTIVE_RING_MAX, GC_EVERY, INLINE, RING_BYTES
+from ..defaults import COLLECTIVE_RING_MAX, GC_EVERY
 from ..errors import PeerFailedError, ProtocolError
-from ..files.io import open_file, remove_tree
+from ..files.io import remove_tree
 from ..files.locks import Counter
-from ..files.seal import Seal
 from ..files.trust import make_private_dir
 from ..files.waiting import Deadline
 from ..fs.mounts import is_local
 from ..job.liveness import PeerWatch
-from ..protocol import layout, message, state_record
+from ..protocol import layout
 from ..protocol.state_record import PeerState
+from . import outbox
+from .incoming import FileMessage, PeerRings, open_incoming
+from .interfaces import Incoming
 from .pairs import Pairs
 from .progress import Progress
 from .retention import Retention
+from .spares import SpareFile
 
 __all__ = ["GroupTransport"]
 
@@ -57,7 +60,7 @@ class GroupTransport:
         self._entered = 0
         self.retention = Retention(self.progress)
         self._mapped = self.retention.spares.mapped if self.maps_messages else None
-        self._peer_rings: dict[int, int] = {}  # descriptors of peers' ring files, opened when first read
+        self._peer_rings = PeerRings()
         self.pairs = Pairs(self.progress, self.retention)
 
     # ---- an operation starts ------------------------------------------------------------
@@ -84,50 +87,26 @@ class GroupTransport:
     def publish(
         self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0, readers: Sequence[int] | None = None
     ) -> None:
-        """Publish this rank's message for (current operation, ``step``), then reach the step.
-
-        A small message goes into a free inline slot of this rank's record, in the same locked
-        write that announces the step; anything else (or with no slot free) into a file.
-        ``readers`` (interfaces.py) lets its space be reused as soon as they are past it.
-        """
+        """Publish this rank's message for (current operation, ``step``), then reach the step:
+        in a slot of this rank's record, written with the step (or pointing into its ring file),
+        or as a file (outbox.py). ``readers`` (interfaces.py) lets its space be reused as soon as
+        they are past it."""
         seq, description = self.progress.seq, self.progress.description
-        check = self.progress.collective_seal(self.rank, step)
-        encoded = (
-            message.encode_inline(seq, tag, description, tensors, state_record.INLINE_MAX, check) if INLINE else None
-        )
-        if encoded is not None:
-            slot = self.retention.free_slot()
-            if slot is not None:
-                self.progress.advance_inline(step, slot, encoded, readers)
-                self.retention.keep_inline(seq, step, slot, readers)
-                return
-        buffers = message.encode(seq, tag, description, tensors, check)
-        size = sum(len(b) for b in buffers)
-        if (
-            INLINE
-            and encoded is None
-            and size <= COLLECTIVE_RING_MAX
-            and self._publish_in_ring(step, buffers, size, readers)
-        ):
-            return
-        self.retention.make_room(size)
-        path, spare = self.retention.write(layout.message_name(self.rank, seq, step), buffers, size)
-        self.retention.keep(seq, step, path, size, spare, readers)
-        self.progress.advance(step, readers)
+        name = layout.message_name(self.rank, seq, step)
 
-    def _publish_in_ring(
-        self, step: int, buffers: Sequence[memoryview | bytes], size: int, readers: Sequence[int] | None
-    ) -> bool:
-        """A mid-size message into this rank's ring file, and where it lies into a free inline
-        slot with the step (local filesystems; False where there is no slot or no room)."""
-        slot = self.retention.free_slot()
-        placed = self.retention.place_in_ring(buffers, size) if slot is not None else None
-        if slot is None or placed is None:
-            return False
-        offset, index = placed
-        self.progress.advance_inline(step, slot, message.encode_ring_ref(offset, size), readers)
-        self.retention.keep_inline(self.progress.seq, step, slot, readers, ring_index=index)
-        return True
+        def write(buffers: Sequence[memoryview | bytes], size: int) -> tuple[str, SpareFile | None]:
+            self.retention.make_room(size)
+            return self.retention.write(name, buffers, size)
+
+        where = outbox.place(
+            seq, tag, description, tensors, self.progress.collective_seal(self.rank, step),
+            free_slot=self.retention.free_slot, ring=self.retention.ring, ring_max=COLLECTIVE_RING_MAX, write=write,
+        )  # fmt: skip
+        self.retention.keep(seq, step, readers, where)
+        if isinstance(where, outbox.InSlot):
+            self.progress.advance_inline(step, where.slot, where.data, readers)
+        else:
+            self.progress.advance(step, readers)
 
     def advance(self, step: int, waiters: Sequence[int] | None = None) -> None:
         self.progress.advance(step, waiters)
@@ -135,32 +114,25 @@ class GroupTransport:
     def wait_for(self, peer: int, step: int) -> None:
         self.progress.wait_for(peer, step)
 
-    def open_message(self, peer: int, step: int) -> message.Message | message.InlineMessage:
+    def open_message(self, peer: int, step: int) -> Incoming:
         """Open ``peer``'s message for (current operation, ``step``); call ``wait_for`` first."""
         progress = self.progress
         check = progress.collective_seal(peer, step)
+        path = os.path.join(self.directory, layout.message_name(peer, progress.seq, step))
         # optimistic reads: a file is opened before the record is read again under the lock to
         # confirm there is none (a message is either inline or a file, so a file found is it)
-        inline = progress.inline_message(peer, step, confirm=not progress.optimistic)
-        msg: message.Message | message.InlineMessage
+        slot = progress.inline_message(peer, step, confirm=not progress.optimistic)
         try:
-            if inline is None and progress.optimistic:
+            if slot is None and progress.optimistic:
                 try:
-                    return self._checked(peer, self._open_file(peer, step, check))
+                    return self._checked(peer, FileMessage(path, check, self._mapped))
                 except FileNotFoundError:
-                    inline = progress.inline_message(peer, step)
-            if inline is not None:
-                try:
-                    ring = message.parse_ring_ref(inline, RING_BYTES, progress.state_path(peer))
-                    if ring is not None:
-                        where = os.path.join(self.directory, layout.collective_ring_name(peer))
-                        msg = message.Message.in_ring(self._ring_of(peer, where), *ring, where, check)
-                    else:
-                        msg = message.InlineMessage(inline, progress.state_path(peer), check)
-                except ProtocolError as exc:  # (the context is only formatted when it is needed)
-                    raise ProtocolError(f"{exc} (message of operation #{progress.seq} step {step})") from None
-            else:
-                msg = self._open_file(peer, step, check)
+                    slot = progress.inline_message(peer, step)
+            try:
+                where = progress.state_path(peer)
+                msg = open_incoming(slot, where, path, lambda: self._ring_of(peer), check, self._mapped)
+            except ProtocolError as exc:  # (the context is only formatted when it is needed)
+                raise ProtocolError(f"{exc} (message of operation #{progress.seq} step {step})") from None
         except FileNotFoundError:
             # the peer went past this operation without publishing this step: it ran another one
             state = progress.peer_state(peer)
@@ -169,13 +141,7 @@ class GroupTransport:
             ) from None
         return self._checked(peer, msg)
 
-    def _open_file(self, peer: int, step: int, check: Seal) -> message.Message:
-        path = os.path.join(self.directory, layout.message_name(peer, self.progress.seq, step))
-        return message.Message(path, check, mapped=self._mapped)
-
-    def _checked(
-        self, peer: int, msg: message.Message | message.InlineMessage
-    ) -> message.Message | message.InlineMessage:
+    def _checked(self, peer: int, msg: Incoming) -> Incoming:
         """``msg``, if it is of the operation this rank is in (else a desync, on every rank)."""
         progress = self.progress
         if msg.seq != progress.seq or msg.description != progress.description:
@@ -183,12 +149,8 @@ class GroupTransport:
             raise progress.desync(peer, msg.description)
         return msg
 
-    def _ring_of(self, peer: int, path: str) -> int:
-        """A descriptor of ``peer``'s ring file (made before its first reference was published)."""
-        fd = self._peer_rings.get(peer)
-        if fd is None:
-            fd = self._peer_rings[peer] = open_file(path, os.O_RDONLY)
-        return fd
+    def _ring_of(self, peer: int) -> tuple[int, str]:
+        return self._peer_rings.open(os.path.join(self.directory, layout.collective_ring_name(peer)))
 
     def abort(self, reason: str) -> None:
         self.progress.abort(reason)
@@ -205,7 +167,7 @@ class GroupTransport:
     def acknowledge(self, src: int, received: int) -> None:
         self.pairs.acknowledge(src, received)
 
-    def open_p2p(self, src: int, index: int) -> message.Message | message.InlineMessage:
+    def open_p2p(self, src: int, index: int) -> Incoming:
         return self.pairs.open(src, index)
 
     def discard_p2p(self, src: int, index: int, size: int) -> None:
@@ -248,9 +210,7 @@ class GroupTransport:
         self.progress.close()
         self.pairs.close()
         self.retention.close()  # before counting out: the last rank removes the directory
-        for fd in self._peer_rings.values():
-            os.close(fd)
-        self._peer_rings.clear()
+        self._peer_rings.close()
         with Counter(os.path.join(self.directory, layout.CLOSED_FILE)) as closed:
             last = closed.add(1) == self.size
         if last:

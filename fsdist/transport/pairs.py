@@ -20,13 +20,15 @@ from collections.abc import Sequence
 
 import torch
 
-from ..defaults import INLINE, MAX_UNRECEIVED_SENDS, RING_BYTES, RING_MESSAGE_MAX
+from ..defaults import INLINE, MAX_UNRECEIVED_SENDS, RING_MESSAGE_MAX
 from ..errors import ProtocolError
 from ..files.doorbell import Doorbell
-from ..files.io import open_file
 from ..files.seal import Seal
 from ..files.waiting import poll
-from ..protocol import layout, message, state_record
+from ..protocol import layout, state_record
+from . import outbox
+from .incoming import PeerRings, open_incoming
+from .interfaces import Incoming
 from .progress import Progress
 from .retention import Retention
 from .rings import SendRing
@@ -73,33 +75,36 @@ class Pairs:
         self._rings_enabled = INLINE and retention.spares.enabled
         self._mapped = retention.spares.mapped if retention.spares.enabled else None
         self._send_rings: dict[int, SendRing] = {}
-        self._read_rings: dict[int, int] = {}
+        self._read_rings = PeerRings()
 
     def send(self, dst: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> int:
-        """Publish a message to ``dst`` (buffered: never waits for the receiver). Returns its index."""
+        """Publish a message to ``dst`` (buffered: never waits for the receiver). Returns its index.
+
+        In the slot of its index in the pair area for ``dst`` (itself, or where it lies in the
+        ring file for ``dst``), written with the counters in one locked write, or as a file
+        followed by the counters (outbox.py)."""
         with self._send_lock:
             if self._sent[dst] - self._received_by[dst] >= MAX_UNRECEIVED_SENDS:
                 self._wait_for_receiver(dst)
             index = self._sent[dst]
-            if not self._send_inline(dst, index, tensors, tag, description) and not self._send_ring(
-                dst, index, tensors, tag, description
-            ):
-                self._send_file(dst, index, tensors, tag, description)
+            name = layout.p2p_name(self._progress.rank, dst, index)
+            where = outbox.place(
+                index, tag, description, tensors, self._seal(self._progress.rank, dst, index),
+                free_slot=lambda: index % state_record.P2P_SLOTS if self._slot_free(dst, index) else None,
+                ring=(lambda buffers, size: self._place_in_ring(dst, index, buffers, size)) if self._rings_enabled
+                else None,
+                ring_max=RING_MESSAGE_MAX, write=lambda buffers, size: self._retention.write(name, buffers, size),
+            )  # fmt: skip
+            if isinstance(where, outbox.InSlot):
+                self._put_in_slot(dst, index, where.data)
+            else:
+                if where.spare is not None:
+                    where.spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
+                with self._area_lock:
+                    self._write_area(dst, self._set_counters(dst, index + 1, self._received_to_write(dst)))
             self._sent[dst] = index + 1
             self._bell.ring([dst])
         return index
-
-    def _send_inline(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> bool:
-        """Put a small message into its slot, with the counters, in one locked write (if it fits and
-        the slot's previous message was consumed)."""
-        if not INLINE:
-            return False
-        check = self._seal(self._progress.rank, dst, index)
-        encoded = message.encode_inline(index, tag, description, tensors, state_record.INLINE_MAX, check)
-        if encoded is None or not self._slot_free(dst, index):
-            return False
-        self._put_in_slot(dst, index, encoded)
-        return True
 
     def _slot_free(self, dst: int, index: int) -> bool:
         """Whether message ``index``'s slot may be written: ``dst`` counted the slot's previous
@@ -138,36 +143,19 @@ class Pairs:
         image += self._areas[last][: end if last == dst else state_record.PAIR_COUNTERS_SIZE]
         self._progress.write_own(image, state_record.pair_offset(first))
 
-    def _send_ring(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> bool:
-        """Put a mid-size message into the ring for ``dst`` and where it lies into its slot (local
-        filesystems; if the slot is free and the ring has room beside unreceived messages)."""
-        check = self._seal(self._progress.rank, dst, index)
-        if not self._rings_enabled or message.encoded_size(description, tensors, check) > RING_MESSAGE_MAX:
-            return False
-        if not self._slot_free(dst, index):
-            return False
+    def _place_in_ring(
+        self, dst: int, index: int, buffers: Sequence[memoryview | bytes], size: int
+    ) -> tuple[int, int] | None:
+        """Write message ``index`` into the ring for ``dst`` (local filesystems): (its offset, its
+        number), or None where there is no room beside the messages ``dst`` has not received."""
         ring = self._send_rings.get(dst)
         if ring is None:
             path = os.path.join(self.directory, layout.ring_name(self._progress.rank, dst))
             ring = self._send_rings[dst] = SendRing(path)
-        buffers = message.encode(index, tag, description, tensors, check)
-        size = sum(len(b) for b in buffers)
         offset = ring.place(index, buffers, size, self._received_by[dst])
         if offset is None:
             offset = ring.place(index, buffers, size, self._read_received_by(dst))
-            if offset is None:
-                return False
-        self._put_in_slot(dst, index, message.encode_ring_ref(offset, size))
-        return True
-
-    def _send_file(self, dst: int, index: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> None:
-        buffers = message.encode(index, tag, description, tensors, self._seal(self._progress.rank, dst, index))
-        name = layout.p2p_name(self._progress.rank, dst, index)
-        _, spare = self._retention.write(name, buffers, sum(len(b) for b in buffers))
-        if spare is not None:
-            spare.close(remove=False)  # the receiver owns the file now; this rank forgets it
-        with self._area_lock:
-            self._write_area(dst, self._set_counters(dst, index + 1, self._received_to_write(dst)))
+        return None if offset is None else (offset, index)
 
     def sent_to_me(self, src: int) -> int:
         """How many messages ``src`` has sent to this rank (reading its whole pair area for us).
@@ -265,20 +253,15 @@ class Pairs:
         self._areas[peer][: len(counters)] = counters
         return len(counters)
 
-    def open(self, src: int, index: int) -> message.Message | message.InlineMessage:
+    def open(self, src: int, index: int) -> Incoming:
         """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline, in its ring, or a file."""
-        inline = self._find(src, index)
-        check = self._seal(src, self._progress.rank, index)
-        if inline is not None:
+        slot = self._find(src, index)
+        if slot is not None:
             self._inline_open.add((src, index))
-            where = f"{self._progress.state_path(src)} (message #{index} to rank {self._progress.rank})"
-            ring = message.parse_ring_ref(inline, RING_BYTES, where)
-            if ring is not None:
-                where = f"{where} in {layout.ring_name(src, self._progress.rank)}"
-                return message.Message.in_ring(self._ring_to_read(src), *ring, where, check)
-            return message.InlineMessage(inline, where, check)
+        where = f"{self._progress.state_path(src)} (message #{index} to rank {self._progress.rank})"
         path = os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index))
-        return message.Message(path, check, mapped=self._mapped)
+        check = self._seal(src, self._progress.rank, index)
+        return open_incoming(slot, where, path, lambda: self._ring_to_read(src), check, self._mapped)
 
     def _seal(self, src: int, dst: int, index: int) -> Seal:
         return self._progress.p2p_seal(src, dst, index)
@@ -298,29 +281,22 @@ class Pairs:
 
     def spin_for_sends(self, seconds: float) -> bool:
         self.flush_acknowledgements()
-        return self._progress.cores_to_spin() and self._bell.spin(seconds)
+        return self._progress.waiter.cores_to_spin() and self._bell.spin(seconds)
 
     def sends_ring(self) -> bool:
         if not self._all_ring:
             self._all_ring = all(self._bell.reaches(p) for p in self._progress.others)
         return self._all_ring
 
-    def _ring_to_read(self, src: int) -> int:
-        """A descriptor of ``src``'s ring file for this rank (it made the file before pointing to it)."""
-        fd = self._read_rings.get(src)
-        if fd is None:
-            path = os.path.join(self.directory, layout.ring_name(src, self._progress.rank))
-            fd = self._read_rings[src] = open_file(path, os.O_RDONLY)
-        return fd
+    def _ring_to_read(self, src: int) -> tuple[int, str]:
+        return self._read_rings.open(os.path.join(self.directory, layout.ring_name(src, self._progress.rank)))
 
     def close(self) -> None:
         self._bell.close()
         for ring in self._send_rings.values():
             ring.close()
-        for fd in self._read_rings.values():
-            os.close(fd)
         self._send_rings.clear()
-        self._read_rings.clear()
+        self._read_rings.close()
 
     def _read_received_by(self, dst: int) -> int:
         """How many of this rank's messages ``dst`` has consumed, read from its pair area for us.
@@ -348,4 +324,4 @@ class Pairs:
             return True if self._sent[dst] - self._read_received_by(dst) < MAX_UNRECEIVED_SENDS else None
 
         what = f"receives of this rank's sends (at most {MAX_UNRECEIVED_SENDS} may wait unreceived)"
-        poll(room, progress.deadline(), lambda: progress.timed_out(dst, what), lambda: progress.check_health(dst))
+        poll(room, progress.deadline(), lambda: progress.timed_out(dst, what), lambda _: progress.check_health(dst))

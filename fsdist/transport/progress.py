@@ -15,28 +15,26 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ..defaults import LONG_SLEEP_SECONDS, RING_SPIN_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError, ProtocolError
-from ..files.doorbell import RUN_QUEUE, Doorbell
+from ..files.doorbell import Doorbell
 from ..files.locks import LockedRecord
 from ..files.seal import Seal, sealer
-from ..files.waiting import Deadline, poll
+from ..files.waiting import Deadline
 from ..job.liveness import PeerWatch
 from ..protocol import layout, state_record
 from ..protocol.sealed import seal_text, unseal_text
 from ..protocol.state_record import PeerState
+from .waiter import Waiter
 
 T = TypeVar("T")
 
 __all__ = ["Progress"]
 
 _HISTORY = 4096  # own history hashes kept, to compare with peers that lag behind
-_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 class Progress:
@@ -82,11 +80,11 @@ class Progress:
         self._history_order: deque[int] = deque([0])
         self.others = [r for r in range(size) if r != rank]
         self.bell = Doorbell([layout.doorbell_file(directory, r) for r in range(size)], rank)
+        self.waiter = Waiter(self.bell, size)
         #: this rank's record as last written: a message goes out with the header in one pwrite
         self._mine = bytearray(state_record.POSITION_SIZE)
         #: entered an operation whose start the record does not show yet (see ``enter``)
         self._unwritten = False
-        self._local_ranks = 0  # ranks of the group on this machine (see ``_spins_for``)
         #: record writes come from the operation's thread, and an abort from any thread: one at a
         #: time, each with the header as it is then (never an older one over a newer one)
         self._write_lock = threading.Lock()
@@ -278,38 +276,10 @@ class Progress:
                     self._tell_ahead(peer)
                 return
             self._write()
-        if not self.bell.reaches(peer):  # another host: its steps are found by polling alone
-            poll(
-                arrived, self.deadline(), lambda: self.timed_out(peer, f"step {step}"), lambda: self.check_health(peer)
-            )
-            return
-        # A peer on this host rings this rank when it reaches a step this rank waits for (after
-        # writing its record), so its record is read only once it rang, or when a sleep ended
-        # without any ring (a ring lost to a full pipe, or sent before this rank's pipe existed)
-        if self._spins_for(peer):
-            end = time.monotonic() + RING_SPIN_SECONDS
-            while (left := end - time.monotonic()) > 0:
-                if self.bell.spin(left) and self.bell.take_ring(peer) and arrived():
-                    return
-        quiet = [False]
-
-        def rung_and_arrived() -> bool | None:
-            if self.bell.take_ring(peer) or quiet[0]:
-                return arrived()
-            return None
-
-        def sleep(seconds: float) -> None:
-            quiet[0] = not self.bell.wait(seconds)
-
-        poll(
-            rung_and_arrived,
-            self.deadline(),
-            lambda: self.timed_out(peer, f"step {step}"),
-            lambda: self.check_health(peer),
-            sleep,
-            spin=0.0,
-            first_pause=LONG_SLEEP_SECONDS,  # the ring ends the sleep; the timeout is the safety net
-        )
+        self.waiter.for_peer(
+            peer, arrived, self.deadline(), lambda: self.timed_out(peer, f"step {step}"),
+            lambda _: self.check_health(peer),
+        )  # fmt: skip
 
     def _tell_ahead(self, peer: int) -> None:
         """Write this rank's position for ``peer``, found in a later operation already.
@@ -321,20 +291,6 @@ class Progress:
         """
         self._write()
         self.bell.ring([peer])
-
-    def _spins_for(self, peer: int) -> bool:
-        """Whether to busy-wait for ``peer``'s ring: it rings, and cores allow (``cores_to_spin``)."""
-        return self.bell.reaches(peer) and self.cores_to_spin()
-
-    def cores_to_spin(self) -> bool:
-        """Whether a waiter may busy-wait: this machine has a core for each of the group's ranks
-        on it (counted again until every rank of the group is found here), and no more threads
-        than cores are runnable right now. A spin on a busy machine takes the core a peer needs:
-        2 ranks, 8-byte all_reduce, two other busy threads on the 2 cores: 860 µs spinning, 240
-        sleeping (Gloo 110)."""
-        if self._local_ranks < self.size:
-            self._local_ranks = self.bell.local_ranks()
-        return self._local_ranks <= _CORES and RUN_QUEUE.core_free()
 
     def desync(self, peer: int, theirs: str) -> DesyncError:
         """The error of ``peer`` calling ``theirs`` where this rank calls this operation (and abort)."""

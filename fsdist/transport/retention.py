@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..defaults import ENV_REUSE_FILES, GC_BYTES, GC_EVERY, MAP_MIN_BYTES, REUSE_FILES, REUSE_MIN_BYTES, RUN_AHEAD
 from ..files.io import publish
 from ..files.mapped import MappedFiles
-from ..files.waiting import poll
 from ..fs.mounts import is_local
 from ..protocol import layout
 from ..protocol.state_record import INLINE_SLOTS
+from .outbox import InFile, InSlot, Placement
 from .progress import Progress
 from .rings import SendRing
 from .spares import SpareFile, SparePool, torch_copy
@@ -76,14 +76,14 @@ class Retention:
         per op when the root waited for each file to be read first, 2.6 ms with two)."""
         if not self._published or self._published[0].seq >= self._progress.seq:
             return False
-        earlier = [p for p in self._published if p.path is not None and p.seq < self._progress.seq]
+        earlier = [p.where for p in self._published if isinstance(p.where, InFile) and p.seq < self._progress.seq]
         if len(earlier) < 2:
             return False
-        if sum(p.size for p in earlier) + size > GC_BYTES:
+        if sum(f.size for f in earlier) + size > GC_BYTES:
             return True
         if not self.spares.enabled or size < REUSE_MIN_BYTES or self.spares.free():
             return False
-        return sum(1 for p in earlier if p.size >= REUSE_MIN_BYTES) >= REUSE_FILES
+        return sum(1 for f in earlier if f.size >= REUSE_MIN_BYTES) >= REUSE_FILES
 
     def _wait_for_readers(self, size: int) -> None:
         progress = self._progress
@@ -98,9 +98,8 @@ class Retention:
             reader = next(r for r in oldest.readers_among(progress.others) if not oldest.done_for(progress, r))
             return progress.timed_out(reader, f"a position past operation #{oldest.seq} (this rank's message unread)")
 
-        # no spinning: each attempt reads the readers' records (on NFS, round trips), and a
-        # reader that moves on while this rank waits in a later operation rings it
-        poll(room, progress.deadline(), timed_out, lambda: progress.check_health(None), progress.bell.wait, spin=0.0)
+        # a reader that moves on while this rank waits in a later operation rings it
+        progress.waiter.for_any(room, progress.deadline(), timed_out, lambda _: progress.check_health(None))
 
     def write(self, name: str, buffers: Sequence[memoryview | bytes], size: int) -> tuple[str, SpareFile | None]:
         """Publish ``name`` through a spare where one is kept, else as a fresh file."""
@@ -111,12 +110,14 @@ class Retention:
         spare.publish(path, buffers)
         return path, spare
 
-    def keep(
-        self, seq: int, step: int, path: str, size: int, spare: SpareFile | None, readers: Sequence[int] | None
-    ) -> None:
-        """Remember a published collective message until its readers are past it (``_Published``)."""
-        self._published.append(_Published(seq, step, readers, path, size, spare))
-        self._bytes += size
+    def keep(self, seq: int, step: int, readers: Sequence[int] | None, where: Placement) -> None:
+        """Hold a published collective message's space (its slot, its ring space, its file) until
+        its readers are past it (``_Published``)."""
+        if isinstance(where, InSlot):
+            self._slot_in_use[where.slot] = True
+        else:
+            self._bytes += where.size
+        self._published.append(_Published(seq, step, readers, where))
 
     def free_slot(self) -> int | None:
         """An inline slot no peer may still read (collecting first if none is), or None."""
@@ -124,23 +125,19 @@ class Retention:
             self.collect()
         return next((slot for slot, used in enumerate(self._slot_in_use) if not used), None)
 
-    def keep_inline(
-        self, seq: int, step: int, slot: int, readers: Sequence[int] | None, ring_index: int | None = None
-    ) -> None:
-        """Hold inline slot ``slot`` (and the ring space of message ``ring_index``, if it points
-        into the ring) until its message's readers are past it."""
-        self._slot_in_use[slot] = True
-        self._published.append(_Published(seq, step, readers, slot=slot, ring_index=ring_index))
+    @property
+    def ring(self) -> Callable[[Sequence[memoryview | bytes], int], tuple[int, int] | None] | None:
+        """``place_in_ring``, where this rank has a ring file (outbox.place's ``ring``)."""
+        return self.place_in_ring if self._ring is not None else None
 
     def place_in_ring(self, buffers: Sequence[memoryview | bytes], size: int) -> tuple[int, int] | None:
         """Write a mid-size message into this rank's ring file: (its offset, its number), or
-        None (no ring here, or no room beside the messages readers may still read).
+        None (no room beside the messages readers may still read).
 
         One ``pwritev`` into a file kept open, where a file of its own costs a create or a
         spare's rename, and its readers an open, a close and its collection a rename.
         """
-        if self._ring is None:
-            return None
+        assert self._ring is not None
         offset = self._ring.place(self._ring_next, buffers, size, self._oldest_in_ring())
         if offset is None:
             self.collect()
@@ -152,7 +149,8 @@ class Retention:
 
     def _oldest_in_ring(self) -> int:
         """The number of the oldest ring message readers may still read (every one before it is free)."""
-        return next((p.ring_index for p in self._published if p.ring_index is not None), self._ring_next)
+        ringed = (p.where.ring_index for p in self._published if isinstance(p.where, InSlot))
+        return next((index for index in ringed if index is not None), self._ring_next)
 
     def collect_if_due(self, entered: int) -> None:
         """Collect every GC_EVERY operations (``entered``: how many this group's transport has
@@ -180,25 +178,26 @@ class Retention:
             if not oldest.done_for(progress, peer):
                 progress.peer_state(peer)
         while self._published and self._published[0].done(progress):
-            done = self._published.popleft()
-            if done.slot is not None:
-                self._slot_in_use[done.slot] = False
-            elif done.path is not None:
-                self._bytes -= done.size
-                self.spares.give_back(done.path, done.size, done.spare)
+            where = self._published.popleft().where
+            if isinstance(where, InSlot):
+                self._slot_in_use[where.slot] = False
+            else:
+                self._bytes -= where.size
+                self.spares.give_back(where.path, where.size, where.spare)
 
     def close(self) -> None:
         """Unmap every spare (the files themselves go with the group's directory)."""
         for published in self._published:
-            if published.spare is not None:
-                published.spare.close(remove=False)
+            if isinstance(published.where, InFile) and published.where.spare is not None:
+                published.where.spare.close(remove=False)
         self.spares.close()
         if self._ring is not None:
             self._ring.close()
 
     def _spare_in_reach(self) -> bool:
         """Whether the oldest uncollected message would become a spare: collect it now, not later."""
-        return bool(self._published) and self.spares.wants(self._published[0].size)
+        oldest = self._published[0].where if self._published else None
+        return isinstance(oldest, InFile) and self.spares.wants(oldest.size)
 
     def _wait_for_stragglers(self) -> None:
         """Block until the slowest peer is within RUN_AHEAD / 2 operations of this rank."""
@@ -214,7 +213,7 @@ class Retention:
             return progress.timed_out(slowest, f"operation #{progress.seq - RUN_AHEAD // 2}")
 
         # every peer's health, not just the one that looked slowest: cached positions go stale
-        poll(caught_up, progress.deadline(), timed_out, lambda: progress.check_health(None), progress.bell.wait)
+        progress.waiter.for_any(caught_up, progress.deadline(), timed_out, lambda _: progress.check_health(None))
 
 
 @dataclass
@@ -224,11 +223,7 @@ class _Published:
     seq: int
     step: int
     readers: Sequence[int] | None  # None: any peer may read it
-    path: str | None = None  # its file, or None in an inline slot
-    size: int = 0
-    spare: SpareFile | None = None  # the spare it was written through
-    slot: int | None = None  # its inline slot
-    ring_index: int | None = None  # its number in the ring file, where the slot points there
+    where: Placement
 
     def readers_among(self, others: Sequence[int]) -> Sequence[int]:
         return others if self.readers is None else self.readers
