@@ -97,7 +97,7 @@ def test_a_newer_header_beside_an_older_slot_finds_the_message_under_the_lock(tm
     sent = _publish(writer, 2, 1, 5.0)  # step 1 of operation 2, in the next slot
     after = _record(tmp_path, 1)
     queued.extend([after[: state_record.HEADER_SIZE] + before[state_record.HEADER_SIZE :]] * 2)  # (never again)
-    reader.enter(1, writer._history[1][1])
+    reader.enter(1, writer.description)
     reader.enter(2, writer.description)
     assert reader.peer_state(1).position == (2, 1)
     assert reader.inline_message(1, 1) == sent

@@ -72,7 +72,7 @@ class GroupTransport:
         self._entered += 1  # a tier of a two-tier group sees only some of the group's operations
         self.retention.collect_if_due(self._entered)
         if self._entered % GC_EVERY == 0:
-            reason = self.progress.abort_known()  # a rank that never waits must still hear of failures
+            reason = self.progress.aborted.known()  # a rank that never waits must still hear of failures
             if reason is not None:
                 raise PeerFailedError(f"{self.progress.where()}: the group was aborted: {reason}")
         self.retention.hold_back_if_ahead(seq)
@@ -191,7 +191,7 @@ class GroupTransport:
         return self.progress.peer_state(peer)
 
     def abort_reason(self) -> str | None:
-        return self.progress.abort_reason()
+        return self.progress.aborted.reason()
 
     def check_health(self, peer: int | None = None) -> None:
         self.progress.check_health(peer)

@@ -13,9 +13,7 @@ Every wait ends at the group's deadline, or earlier when the group is aborted or
 
 from __future__ import annotations
 
-import os
 import threading
-from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -26,15 +24,14 @@ from ..files.seal import Seal, sealer
 from ..files.waiting import Deadline
 from ..job.liveness import PeerWatch
 from ..protocol import layout, state_record
-from ..protocol.sealed import seal_text, unseal_text
 from ..protocol.state_record import PeerState
+from .abort import AbortRecord
+from .history import History
 from .waiter import Waiter
 
 T = TypeVar("T")
 
 __all__ = ["Progress"]
-
-_HISTORY = 4096  # own history hashes kept, to compare with peers that lag behind
 
 
 class Progress:
@@ -66,18 +63,14 @@ class Progress:
         self.seals = [self._sealer.seal(layout.identity(path)) for path in self._state_paths]
         self._identity = layout.identity(directory)
         self._records = [LockedRecord(path, on_wait=self._lock_wait(r)) for r, path in enumerate(self._state_paths)]
-        self._abort = LockedRecord(os.path.join(directory, layout.ABORT_FILE))
+        self.aborted = AbortRecord(directory)
         #: the highest operation each peer was seen in, and the furthest (operation, step) it was
         #: seen at (garbage collection reads them)
         self.peer_seq = [-1] * size
         self.peer_position = [(-1, 0)] * size
         #: each peer's record as last read (position and inline messages: one read gives both)
         self._seen = [b""] * size
-        # running hash of every description so far, per seq: two ranks whose hashes differ at
-        # the same seq called different operations somewhere, even if neither waited then
-        self._chain = 0
-        self._history: dict[int, tuple[int, str]] = {0: (0, "")}
-        self._history_order: deque[int] = deque([0])
+        self.history = History()
         self.others = [r for r in range(size) if r != rank]
         self.bell = Doorbell([layout.doorbell_file(directory, r) for r in range(size)], rank)
         self.waiter = Waiter(self.bell, size)
@@ -88,8 +81,6 @@ class Progress:
         #: record writes come from the operation's thread, and an abort from any thread: one at a
         #: time, each with the header as it is then (never an older one over a newer one)
         self._write_lock = threading.Lock()
-        #: whether a peer's record was read since ``abort_known`` last asked
-        self._read_since_check = False
         # the whole position part at once (header and empty inline slots): a peer's read of it
         # is then one full pread, never a short one followed by another to find the end
         self._mine[: state_record.HEADER_SIZE] = self._header()
@@ -106,11 +97,7 @@ class Progress:
         for), and an operation that starts by publishing costs one record write, not two.
         """
         self.seq, self.step, self.description = seq, 0, state_record.fit(description)
-        self._chain = state_record.chain(self._chain, description)
-        self._history[seq] = (self._chain, self.description)
-        self._history_order.append(seq)
-        if len(self._history_order) > _HISTORY:
-            self._history.pop(self._history_order.popleft(), None)
+        self.history.enter(seq, description, self.description)
         self._unwritten = True
 
     def flush(self) -> None:
@@ -166,14 +153,15 @@ class Progress:
         self._flags |= state_record.FLAG_CLOSED
         self._write()
         self.bell.ring(self.others)
-        for record in (*self._records, self._abort):
+        for record in self._records:
             record.close()
+        self.aborted.close()
         self.bell.close()
         self.watch.close()
 
     def _header(self) -> bytes:
         return state_record.encode(
-            self.seq, self.step, self.description, self._chain, self._flags, self.seals[self.rank]
+            self.seq, self.step, self.description, self.history.chain, self._flags, self.seals[self.rank]
         )
 
     def _write(self) -> None:
@@ -233,17 +221,17 @@ class Progress:
         if theirs is state_record.NOT_STARTED:
             return theirs
         if theirs.aborted:
-            reason = self.abort_reason() or f"rank {self.names[peer]}'s record says it aborted the group"
+            reason = self.aborted.reason() or f"rank {self.names[peer]}'s record says it aborted the group"
             raise PeerFailedError(f"{self.where()}: the group was aborted: {reason}")
-        self._read_since_check = True
+        self.aborted.records_read = True
         seq = theirs.seq
         self.peer_seq[peer] = max(self.peer_seq[peer], seq)
         self.peer_position[peer] = max(self.peer_position[peer], theirs.position)
-        mine = self._history.get(seq)
-        if mine is not None and mine[0] != theirs.history and seq <= self.seq:
+        ours = self.history.differs(seq, theirs.history)
+        if ours is not None and seq <= self.seq:
             if seq == self.seq and theirs.description != self.description:
                 raise self.desync(peer, theirs.description)
-            raise self._diverged(peer, seq, theirs.description)
+            raise self._diverged(peer, seq, ours, theirs.description)
         return theirs
 
     def wait_for(self, peer: int, step: int) -> None:
@@ -301,10 +289,10 @@ class Progress:
         self.abort(str(error))
         return error
 
-    def _diverged(self, peer: int, seq: int, theirs: str) -> DesyncError:
+    def _diverged(self, peer: int, seq: int, ours: str, theirs: str) -> DesyncError:
         error = DesyncError(
             f"{self.where()}: rank {self.names[peer]} called different operations from this rank at or before "
-            f"operation #{seq} (this rank's #{seq} was '{self._history[seq][1]}', "
+            f"operation #{seq} (this rank's #{seq} was '{ours}', "
             f"rank {self.names[peer]}'s is '{theirs}'; "
             "every rank of a group must call the same collectives in the same order)"
         )
@@ -315,38 +303,15 @@ class Progress:
 
     def abort(self, reason: str) -> None:
         """Mark the group failed so every peer's waits end at once with ``reason`` (first wins):
-        in the group's abort file, and as a flag in this rank's record, which peers read anyway."""
-        self._abort.update(lambda old: None if old else seal_text(reason, layout.identity(self._abort.path)))
+        in the group's abort record, and as a flag in this rank's record, which peers read anyway."""
+        self.aborted.mark(reason)
         self._flags |= state_record.FLAG_ABORTED
         self._write()
         self.bell.ring(self.others)
 
-    def abort_known(self) -> str | None:
-        """The abort reason, if the group was aborted, as far as this rank must look for it now.
-
-        A rank that aborts sets FLAG_ABORTED in its record, and so does every rank that fails
-        on seeing that flag (the adapter aborts the group on any failure): the flag spreads
-        along every pair of ranks that read each other. A rank that read a peer's record since
-        it last asked will hear of an abort that way, so it need not read the abort file; one
-        that reads no records (a broadcast root, a sender only) reads the file.
-        """
-        if self._read_since_check:
-            self._read_since_check = False
-            return None
-        return self.abort_reason()
-
-    def abort_reason(self) -> str | None:
-        raw = self._abort.read()
-        if not raw:
-            return None
-        try:
-            return unseal_text(raw, layout.identity(self._abort.path))
-        except ValueError as exc:  # written, so the group is over; by whom and why cannot be told
-            return f"(its abort record {self._abort.path} holds no readable reason: {exc})"
-
     def check_health(self, peer: int | None = None) -> None:
         """Raise PeerFailedError if the group was aborted, or ``peer`` (None: any) is dead."""
-        reason = self.abort_reason()
+        reason = self.aborted.reason()
         if reason is not None:
             raise PeerFailedError(f"{self.where()}: the group was aborted: {reason}")
         for other in range(self.size) if peer is None else [peer]:
