@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from ._version import __version__
+from .defaults import BACKEND_NAME as BACKEND_NAME
 from .errors import (
     DesyncError,
     FsdistError,
@@ -34,8 +35,6 @@ __all__ = [
     "__version__",
     "register",
 ]
-
-BACKEND_NAME = "fsdist"
 
 
 def register() -> None:

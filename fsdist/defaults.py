@@ -6,6 +6,8 @@ import os
 import tempfile
 from datetime import timedelta
 
+#: The name torch knows the backend by (``init_process_group("fsdist")``) and its init scheme's.
+BACKEND_NAME = "fsdist"
 #: Environment variable naming the shared run directory (``init_method="fsdist://"``).
 ENV_DIR = "FSDIST_DIR"
 #: Collective algorithms of a group spread over nodes: ``hier`` (two tiers: node-local

@@ -589,10 +589,10 @@ def polls_per_multi_part_operation() -> float:
     """Polling waits per operation while reading a message of 8 parts: a rank that waited for
     a peer's step once knows the step is there for the other 7 parts (each poll that finds the
     step gone quiet sleeps up to 10 ms waiting for a ring that was already taken)."""
-    import fsdist.transport.progress as progress
+    import fsdist.transport.waiter as waiter
 
     polls = [0]
-    real_poll = progress.poll
+    real_poll = waiter.poll
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         polls[0] += 1
@@ -600,10 +600,10 @@ def polls_per_multi_part_operation() -> float:
 
     tensors = [torch.ones(3) for _ in range(8)]
     dist.barrier()
-    progress.poll = counted
+    waiter.poll = counted
     try:
         for _ in range(20):
             dist.all_reduce_coalesced(tensors)
     finally:
-        progress.poll = real_poll
+        waiter.poll = real_poll
     return polls[0] / 20

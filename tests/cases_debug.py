@@ -44,4 +44,4 @@ def debug_is_off() -> bool:
     """In a pool started without the debug variables, the world group decided not to log."""
     from torch.distributed.distributed_c10d import _get_default_group
 
-    return _get_default_group()._debug is False
+    return _get_default_group()._ops.on is False

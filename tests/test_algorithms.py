@@ -328,7 +328,7 @@ def test_two_tier_algorithms_against_references(layout: tuple[int, ...]) -> None
                 inputs = _inputs(world, 1, shape, dtype, op)
                 enter(f"all_reduce {op} {dtype} {shape}")
                 tensors = [inputs[rank].clone(), inputs[(rank + 1) % world].clone()]  # coalesced: two
-                hier.all_reduce(h, tensors, _reduction(op))
+                hier.all_reduce_coalesced(h, tensors, _reduction(op))
                 _note(failures, f"all_reduce {op} {dtype} {shape}", tensors[0], reduce_reference(inputs, op))
                 rolled = [inputs[(r + 1) % world] for r in range(world)]
                 _note(failures, f"all_reduce {op} {dtype} {shape} #1", tensors[1], reduce_reference(rolled, op))

@@ -263,4 +263,4 @@ def test_one_node_id_on_two_machines_is_refused_on_every_rank(monkeypatch) -> No
 
     for rank in range(4):
         with pytest.raises(ValueError, match=r"ranks 0, 1 of this group count as one node .* FSDIST_NODE_ID"):
-            two_tiers(Store(), generation, range(4), rank, "/nonexistent/k.0.0", 10.0)  # type: ignore[arg-type]
+            two_tiers(Store(), generation, range(4), rank, SimpleNamespace(directory="/nonexistent/k.0.0"), 10.0)  # type: ignore[arg-type]

@@ -12,16 +12,18 @@ and skips timing and formatting entirely when the answer is no.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from ..defaults import ENV_DEBUG
 
-__all__ = ["enabled", "log_op", "tensor_bytes"]
+__all__ = ["OpLog", "enabled", "log_op", "tensor_bytes"]
 
 log = logging.getLogger("fsdist.ops")
 _configured = False
@@ -84,3 +86,30 @@ def log_op(
             "fsdist_seconds": seconds,
         },
     )
+
+
+class OpLog:
+    """A process group's records, or none: ``enabled()`` is asked once, when the group is made,
+    so that timing and formatting cost nothing per operation when records are off."""
+
+    def __init__(self, rank: int, group: str) -> None:
+        self.on = enabled()
+        self.rank, self.group = rank, group
+
+    def record(self, seq: int | None, description: str, nbytes: int, seconds: float, error: str = "") -> None:
+        log_op(self.rank, self.group, seq, description, nbytes, seconds, error)
+
+    def timed(self, seq: int | None, description: str, nbytes: int) -> contextlib.AbstractContextManager[None]:
+        """Record what runs inside, how long it took and how it failed (the error goes on)."""
+        return self._timed(seq, description, nbytes) if self.on else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _timed(self, seq: int | None, description: str, nbytes: int) -> Iterator[None]:
+        start, error = time.perf_counter(), ""
+        try:
+            yield
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            self.record(seq, description, nbytes, time.perf_counter() - start, error)

@@ -1,5 +1,6 @@
 """Where a group's collectives run: flat, or in two tiers (its node's ranks in a node-local
-directory, one leader per node in the shared one), decided alike on every rank of the group.
+directory, one leader per node in the shared one), decided alike on every rank of the group;
+and ``Collectives``, the chooser that runs each operation in the form decided.
 
 The decision reads only what every rank read from the same rendezvous record (each member's
 node and machine) and FSDIST_ALGO, which could differ between ranks and is therefore checked
@@ -8,23 +9,92 @@ against rank 0's through the store.
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+from .. import collectives as coll
+from ..collectives import hierarchical as hier
 from ..defaults import ENV_ALGO, ENV_LOCAL_DIR, ENV_NODE_ID, local_dir
 from ..files.trust import node_directory
 from ..job.generation import Generation
 from ..job.liveness import PeerWatch
 from ..job.nodes import Nodes
 from ..protocol import layout
+from ..transport.group import GroupTransport
 from ..transport.tiers import NodeTiers
 from .store import DirectoryStore
 
-__all__ = ["two_tiers"]
+__all__ = ["Collectives", "group_collectives", "two_tiers"]
+
+Algorithm = Callable[..., None]
+#: each collective's flat form (collectives/) and two-tier form (collectives/hierarchical.py),
+#: called alike: (channel, *args); None where the operation has no two-tier form
+FORMS: dict[str, tuple[Algorithm, Algorithm | None]] = {
+    "broadcast": (coll.broadcast, hier.broadcast),
+    "all_reduce": (coll.all_reduce_coalesced, hier.all_reduce_coalesced),
+    "reduce": (coll.reduce, hier.reduce),
+    "all_gather": (coll.all_gather, hier.all_gather),
+    "reduce_scatter": (coll.reduce_scatter, hier.reduce_scatter),
+    "barrier": (coll.barrier, hier.barrier),
+    "gather": (coll.gather, None),
+    "scatter": (coll.scatter, None),
+    "all_to_all": (coll.all_to_all, None),
+}
+
+
+class Collectives:
+    """A group's collectives, each run flat over its transport or in its two tiers, as the
+    group was placed when it was made (the same on every rank)."""
+
+    def __init__(self, flat: GroupTransport, tiers: NodeTiers | None) -> None:
+        self.flat, self.tiers = flat, tiers
+
+    def run(self, seq: int, description: str, name: str, *args: Any) -> None:
+        """Enter operation ``seq`` where it runs, and run its algorithm ``name`` (FORMS) with ``args``."""
+        flat_form, tiered_form = FORMS[name]
+        if tiered_form is not None and self.tiers is not None:
+            self.tiers.enter(seq, description)
+            tiered_form(self.tiers, *args)
+        else:
+            self.flat.enter(seq, description)
+            flat_form(self.flat, *args)
+
+    def abort(self, reason: str) -> None:
+        """Fail the group in every tier: each tier's waiters, on every node, end with ``reason``."""
+        if self.tiers is not None:
+            self.tiers.abort(reason)
+        self.flat.abort(reason)
+
+    def close(self) -> None:
+        if self.tiers is not None:
+            self.tiers.close()
+        self.flat.close()
+
+
+def group_collectives(
+    store: DirectoryStore, generation: Generation, global_ranks: Sequence[int], rank: int, group_id: str,
+    timeout: float, owns_generation: bool,
+) -> Collectives:  # fmt: skip
+    """The transports of group ``group_id`` (of ``global_ranks``, this rank being ``rank``) in
+    its own folder of the generation, and where its collectives run."""
+    # torch may give a re-created group the name of a destroyed one; the incarnation count
+    # (the same on every member, which create groups in the same order) keeps them apart
+    incarnation = generation.incarnations.get(group_id, 0)
+    generation.incarnations[group_id] = incarnation + 1
+    directory = layout.group_dir(generation.directory, group_id, incarnation)
+    members = [generation.members[g] for g in global_ranks]
+    watch = PeerWatch(members, [generation.heartbeat_path(g) for g in global_ranks])
+    one_client = len({member.client for member in members}) == 1
+    flat = GroupTransport(directory, rank, len(global_ranks), watch, timeout, one_client=one_client)
+    if not owns_generation and rank == 0:  # `fsdist status` maps the group's ranks to the job's
+        store.set(layout.GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(list(global_ranks)))
+    return Collectives(flat, two_tiers(store, generation, global_ranks, rank, flat, timeout))
 
 
 def two_tiers(
-    store: DirectoryStore, generation: Generation, global_ranks: Sequence[int], rank: int, directory: str,
+    store: DirectoryStore, generation: Generation, global_ranks: Sequence[int], rank: int, flat: GroupTransport,
     timeout: float,
 ) -> NodeTiers | None:  # fmt: skip
     """The group's two tiers where its collectives should run in two (``FSDIST_ALGO``), else None.
@@ -38,6 +108,7 @@ def two_tiers(
         raise ValueError(f"{ENV_ALGO}={algo!r}: expected auto, flat or hier")
     nodes = Nodes.of([generation.members[g].placement for g in global_ranks])
     use = algo == "hier" or (algo == "auto" and nodes.tiers_help())
+    directory = flat.directory
     key = layout.GROUP_ALGO_KEY + os.path.basename(directory)
     if rank == 0:
         store.set(key, "hier" if use else "flat")
@@ -68,4 +139,4 @@ def two_tiers(
     placement = generation.members[global_ranks[rank]].placement
     node_tier = layout.node_group_dir(node_directory(), generation.generation_id, placement, directory)
     leaders_directory = os.path.join(directory, layout.LEADERS_DIR)
-    return NodeTiers(nodes, rank, node_tier, leaders_directory, watch_of, timeout)
+    return NodeTiers(nodes, rank, node_tier, leaders_directory, watch_of, timeout, flat)

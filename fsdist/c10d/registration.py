@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
+from ..defaults import BACKEND_NAME
 from . import compat
 from .backend import create_process_group
 from .init_methods import env_handler, fsdist_rendezvous_handler
 
 __all__ = ["BACKEND_NAME", "register"]
-
-BACKEND_NAME = "fsdist"
 
 
 def register() -> None:

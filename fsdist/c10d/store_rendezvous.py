@@ -55,7 +55,7 @@ from .store import DirectoryStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["join_through_store", "joined"]
+__all__ = ["group_generation", "join_through_store", "joined"]
 
 _FORMAT = 1
 #: The generation this process joined through a torch store for its world group (subgroups
@@ -65,6 +65,31 @@ _JOINED: list[Generation] = []
 
 def joined() -> Generation | None:
     return _JOINED[-1] if _JOINED else None
+
+
+def group_generation(opts: Any, timeout: timedelta) -> tuple[DirectoryStore, Generation, list[int], bool]:
+    """The generation a group c10d asks for (``opts``: its backend options) belongs to: the
+    generation's own store, the group's ranks in it, and whether the group owns the generation.
+
+    c10d hands the backend whatever store the init method made. fsdist's own (``fsdist://``,
+    and ``env://`` where FSDIST_DIR is set) carries the generation formed in the directory; any
+    other (FileStore, TCPStore, HashStore, a user's) is where the ranks agree on a fresh
+    generation first. Subgroups reuse the world group's generation; the world group, or an
+    fsdist group under another backend's world, owns its own.
+    """
+    store = unwrap_store(opts.store)
+    global_ranks = list(opts.global_ranks_in_group)
+    if isinstance(store, DirectoryStore) and store.generation is not None:
+        generation, owner = store.generation, not global_ranks
+    elif global_ranks and (world := joined()) is not None:
+        generation, owner = world, False
+    else:
+        subdir = f"group.{layout.key_to_filename(str(opts.group_id))}" if global_ranks else None
+        generation = join_through_store(opts.store, opts.group_rank, opts.group_size, timeout, subdir)
+        owner, global_ranks = True, []
+    if not isinstance(store, DirectoryStore) or store.generation is not generation:
+        store = DirectoryStore(layout.store_dir(generation.directory), timeout)  # fsdist's own records
+    return store, generation, global_ranks or list(range(generation.world_size)), owner
 
 
 def join_through_store(

@@ -38,13 +38,13 @@ import torch
 
 from ..transport.interfaces import TieredChannel
 from ._common import read_part, reduce_into_own
-from .allreduce import all_reduce_coalesced
+from .allreduce import all_reduce_coalesced as flat_all_reduce
 from .barrier import barrier as flat_barrier
 from .broadcast import broadcast as flat_broadcast
 from .reduce import reduce as flat_reduce
 from .reduce_ops import ReduceKind, Reduction, finish
 
-__all__ = ["all_gather", "all_reduce", "barrier", "broadcast", "reduce", "reduce_scatter"]
+__all__ = ["all_gather", "all_reduce_coalesced", "barrier", "broadcast", "reduce", "reduce_scatter"]
 
 TO_LEADER, FROM_LEADER = 1, 2
 
@@ -56,7 +56,7 @@ def _partial(reduction: Reduction) -> Reduction:
     return reduction
 
 
-def all_reduce(h: TieredChannel, tensors: Sequence[torch.Tensor], reduction: Reduction) -> None:
+def all_reduce_coalesced(h: TieredChannel, tensors: Sequence[torch.Tensor], reduction: Reduction) -> None:
     """Reduce each of ``tensors`` over every rank of every node, in place."""
     local, partial = h.local, _partial(reduction)
     if local is not None and local.rank != 0:
@@ -68,7 +68,7 @@ def all_reduce(h: TieredChannel, tensors: Sequence[torch.Tensor], reduction: Red
         for part, tensor in enumerate(tensors):
             reduce_into_own(local, TO_LEADER, part, partial, tensor)  # the leader is local rank 0
     if h.cross is not None:
-        all_reduce_coalesced(h.cross, tensors, partial)
+        flat_all_reduce(h.cross, tensors, partial)
     for tensor in tensors:
         finish(reduction, tensor, h.size)
     if local is not None:

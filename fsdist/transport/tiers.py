@@ -36,9 +36,12 @@ class NodeTiers:
         leaders_directory: str,
         watch_of: Callable[[Sequence[int]], PeerWatch],
         timeout: float,
+        flat: GroupTransport,
     ) -> None:
-        """``watch_of(ranks)``: a PeerWatch over those group ranks."""
+        """``watch_of(ranks)``: a PeerWatch over those group ranks; ``flat``: the group's own
+        transport, whose point-to-point messages go on beside the tiers."""
         self.nodes = nodes
+        self._flat = flat
         self.rank = rank
         self.size = nodes.size
         node = nodes.node_of[rank]
@@ -60,7 +63,10 @@ class NodeTiers:
         return [t for t in (self.local, self.cross) if t is not None]
 
     def enter(self, seq: int, description: str) -> None:
-        """Start operation ``seq`` in every tier this rank is in."""
+        """Start operation ``seq`` in every tier this rank is in. The counts of point-to-point
+        messages this rank held back go out first, as the flat transport's ``enter`` sends them:
+        a sender blocked on its cap may be needed in this operation."""
+        self._flat.flush_acknowledgements()
         for tier in self.tiers():
             tier.enter(seq, description)
 
