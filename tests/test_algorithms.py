@@ -215,13 +215,16 @@ def test_a_small_all_reduce_goes_through_rank_0_only_where_every_wait_is_rung() 
     """The choice every rank makes alike: the group size, the bytes, and whether all ranks share
     one client (from the rendezvous record); polled waits (other NFS clients) keep doubling."""
     from fsdist.collectives.allreduce import small_form
+    from fsdist.transport.locality import Locality
 
-    assert small_form(4, 8, one_client=True) is all_reduce_rooted
-    assert small_form(31, 1024, one_client=True) is all_reduce_rooted
-    assert small_form(4, 8, one_client=False) is all_reduce_doubling
-    assert small_form(32, 8, one_client=True) is all_reduce_doubling
-    assert small_form(3, 8, one_client=True) is None  # one round: every rank reads 2 records
-    assert small_form(4, 1025, one_client=True) is None  # not small
+    ONE_CLIENT = Locality(one_client=True, local=True, reuse_files=True)  # noqa: N806
+    CLIENTS = Locality(one_client=False, local=False, reuse_files=False)  # noqa: N806
+    assert small_form(4, 8, ONE_CLIENT) is all_reduce_rooted
+    assert small_form(31, 1024, ONE_CLIENT) is all_reduce_rooted
+    assert small_form(4, 8, CLIENTS) is all_reduce_doubling
+    assert small_form(32, 8, ONE_CLIENT) is all_reduce_doubling
+    assert small_form(3, 8, ONE_CLIENT) is None  # one round: every rank reads 2 records
+    assert small_form(4, 1025, ONE_CLIENT) is None  # not small
 
 
 @pytest.mark.parametrize("world", [*WORLDS, 11, 16])

@@ -19,6 +19,7 @@ from fsdist.files.locks import LockedRecord
 from fsdist.files.seal import seal
 from fsdist.protocol import layout, message, state_record
 from fsdist.transport.group import GroupTransport
+from fsdist.transport.locality import Locality
 from fsdist.transport.progress import Progress
 
 CRC = seal("test")  # the check without FSDIST_SECRET_FILE
@@ -30,6 +31,11 @@ class _AliveWatch:
 
     def close(self) -> None:
         pass
+
+
+def _one_client(tmp_path, rank: int, size: int) -> GroupTransport:
+    """Rank ``rank`` of a group whose ranks share one client (this process)."""
+    return GroupTransport(str(tmp_path), rank, size, _AliveWatch(), 5.0, locality=Locality.of(str(tmp_path), True))
 
 
 def _pair(tmp_path, optimistic: bool = True) -> tuple[Progress, Progress]:
@@ -136,7 +142,7 @@ def test_groups_that_are_not_optimistic_read_under_the_lock_only(tmp_path, torn_
 
 
 def _transports(tmp_path) -> tuple[GroupTransport, GroupTransport]:
-    return tuple(GroupTransport(str(tmp_path), rank, 2, _AliveWatch(), 5.0, one_client=True) for rank in (0, 1))
+    return tuple(_one_client(tmp_path, rank, 2) for rank in (0, 1))
 
 
 def _area(tmp_path, sender: int, receiver: int) -> bytes:
@@ -209,7 +215,7 @@ def test_in_a_ring_of_three_the_count_for_the_previous_rank_rides_with_the_send_
     """No rank sends to the rank it receives from: the count it owes that rank is written with
     its next send (one locked write per round, one write range over both pair areas), and the
     sender, reading it one round late, still finds a slot free (no file)."""
-    ranks = [GroupTransport(str(tmp_path), rank, 3, _AliveWatch(), 5.0, one_client=True) for rank in range(3)]
+    ranks = [_one_client(tmp_path, rank, 3) for rank in range(3)]
     writes: list[str] = []
     real_write = LockedRecord.write
     monkeypatch.setattr(LockedRecord, "write", lambda self, *a: writes.append(self.path) or real_write(self, *a))
@@ -235,7 +241,7 @@ def test_a_count_riding_past_another_peers_area_leaves_its_unread_message_whole(
     """Rank 3's send to rank 0 carries its count for rank 2 in one write over the areas for
     ranks 0-2: the area for rank 1 between them, holding a message rank 1 has not read yet, is
     rewritten as rank 3 wrote it."""
-    ranks = [GroupTransport(str(tmp_path), rank, 4, _AliveWatch(), 5.0, one_client=True) for rank in range(4)]
+    ranks = [_one_client(tmp_path, rank, 4) for rank in range(4)]
     ranks[3].send(1, [torch.tensor([11.0])], 0, "send float32[1]")  # unread until the end
     ranks[2].send(3, [torch.tensor([23.0])], 0, "send float32[1]")
     assert ranks[3].sent_to_me(2) == 1 and _received(ranks[3], 2, 0) == 23.0

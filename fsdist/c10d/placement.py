@@ -23,6 +23,7 @@ from ..job.liveness import PeerWatch
 from ..job.nodes import Nodes
 from ..protocol import layout
 from ..transport.group import GroupTransport
+from ..transport.locality import Locality
 from ..transport.tiers import NodeTiers
 from .store import DirectoryStore
 
@@ -87,7 +88,9 @@ def group_collectives(
     members = [generation.members[g] for g in global_ranks]
     watch = PeerWatch(members, [generation.heartbeat_path(g) for g in global_ranks])
     one_client = len({member.client for member in members}) == 1
-    flat = GroupTransport(directory, rank, len(global_ranks), watch, timeout, one_client=one_client)
+    flat = GroupTransport(
+        directory, rank, len(global_ranks), watch, timeout, locality=Locality.of(directory, one_client)
+    )
     if not owns_generation and rank == 0:  # `fsdist status` maps the group's ranks to the job's
         store.set(layout.GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(list(global_ranks)))
     return Collectives(flat, two_tiers(store, generation, global_ranks, rank, flat, timeout))

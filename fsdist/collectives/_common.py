@@ -74,7 +74,7 @@ def peer_part(
     scratch slot 1 at once, valid until the next call that uses that slot.
     """
     nbytes = like.numel() * like.element_size()
-    if not (t.maps_messages and nbytes >= MAP_MIN_BYTES):
+    if not (t.locality.maps_messages and nbytes >= MAP_MIN_BYTES):
         other = scratch(like, 1)
         read_part(t, peer, step, part, other, byte_offset)
         return nullcontext(other)

@@ -26,7 +26,7 @@ from ..defaults import (
     DOUBLING_MIN_RANKS,
     ROOTED_MIN_RANKS,
 )
-from ..transport.interfaces import CollectiveChannel
+from ..transport.interfaces import CollectiveChannel, Locality
 from ._common import read_part, reduce_into_own
 from .doubling import all_reduce_doubling
 from .reduce_ops import Reduction, finish
@@ -35,17 +35,17 @@ from .rooted import all_reduce_rooted
 _SmallForm = Callable[[CollectiveChannel, Sequence[torch.Tensor], Reduction, int], None]
 
 
-def small_form(size: int, nbytes: int, one_client: bool) -> _SmallForm | None:
+def small_form(size: int, nbytes: int, locality: Locality) -> _SmallForm | None:
     """The form for a small all_reduce of ``nbytes`` in a group of ``size`` ranks, if it has one.
 
-    Through rank 0 only where every wait is rung (``one_client``): where ranks poll each other's
+    Through rank 0 only where every wait is rung (``locality.one_client``): where ranks poll each other's
     records (NFS clients on other hosts), its long waits for rank 0 are polled all along, and
     doubling's one-partner rounds cost fewer RPCs (NFS VM, 4 ranks over 2 clients, per op per
     rank: 30.1 RPCs through rank 0 against 19.4 by doubling).
     """
     if nbytes > DOUBLING_MAX_BYTES or size < DOUBLING_MIN_RANKS:
         return None
-    if one_client and size >= ROOTED_MIN_RANKS and size < ALLREDUCE_DOUBLING_MIN_RANKS:
+    if locality.one_client and size >= ROOTED_MIN_RANKS and size < ALLREDUCE_DOUBLING_MIN_RANKS:
         return all_reduce_rooted
     return all_reduce_doubling
 
@@ -55,7 +55,7 @@ def all_reduce(t: CollectiveChannel, tensor: torch.Tensor, reduction: Reduction,
     if t.size == 1:
         finish(reduction, tensor, 1)
         return
-    small = small_form(t.size, tensor.numel() * tensor.element_size(), t.one_client)
+    small = small_form(t.size, tensor.numel() * tensor.element_size(), t.locality)
     if small is not None:
         small(t, [tensor], reduction, first_step)
         return
@@ -95,7 +95,7 @@ def all_reduce_coalesced(t: CollectiveChannel, tensors: Sequence[torch.Tensor], 
     form's 2 steps, the rooted form's 2, or doubling's 2 + log2 P).
     """
     total = sum(x.numel() * x.element_size() for x in tensors)
-    small = small_form(t.size, total, t.one_client)
+    small = small_form(t.size, total, t.locality)
     if small is not None and len(tensors) > 1:
         small(t, tensors, reduction, 1)
         return

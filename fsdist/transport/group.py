@@ -24,13 +24,13 @@ from ..files.io import remove_tree
 from ..files.locks import Counter
 from ..files.trust import make_private_dir
 from ..files.waiting import Deadline
-from ..fs.mounts import is_local
 from ..job.liveness import PeerWatch
 from ..protocol import layout
 from ..protocol.state_record import PeerState
 from . import outbox
 from .incoming import FileMessage, PeerRings, open_incoming
 from .interfaces import Incoming
+from .locality import Locality
 from .pairs import Pairs
 from .progress import Progress
 from .retention import Retention
@@ -44,24 +44,24 @@ class GroupTransport:
 
     def __init__(
         self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float,
-        names: Sequence[int] | None = None, tier: str = "", one_client: bool = False,
+        names: Sequence[int] | None = None, tier: str = "", locality: Locality | None = None,
     ) -> None:  # fmt: skip
-        """``names`` and ``tier``: for one tier of a two-tier group (Progress). ``one_client``:
-        every rank reaches ``directory`` through one client (see CollectiveChannel)."""
+        """``names`` and ``tier``: for one tier of a two-tier group (Progress). ``locality``: what
+        ``directory`` is to the group's ranks (default: ranks on several clients)."""
         make_private_dir(directory)
         self.directory = directory
-        self.one_client = one_client
+        self.locality = locality if locality is not None else Locality.of(directory, one_client=False)
         self.rank = rank
         self.size = size
         self.timeout = timeout
         self.progress = Progress(
-            directory, rank, size, watch, timeout, names, tier, optimistic=one_client and is_local(directory)
+            directory, rank, size, watch, timeout, names, tier, optimistic=self.locality.optimistic
         )
         self._entered = 0
-        self.retention = Retention(self.progress)
-        self._mapped = self.retention.spares.mapped if self.maps_messages else None
+        self.retention = Retention(self.progress, self.locality.reuse_files)
+        self._mapped = self.retention.spares.mapped if self.locality.maps_messages else None
         self._peer_rings = PeerRings()
-        self.pairs = Pairs(self.progress, self.retention)
+        self.pairs = Pairs(self.progress, self.retention, self.locality)
 
     # ---- an operation starts ------------------------------------------------------------
 
@@ -78,11 +78,6 @@ class GroupTransport:
         self.retention.hold_back_if_ahead(seq)
 
     # ---- CollectiveChannel --------------------------------------------------------------
-
-    @property
-    def maps_messages(self) -> bool:
-        """Whether peers' messages may be mapped (local filesystems, where spares are used too)."""
-        return self.retention.spares.enabled
 
     def publish(
         self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0, readers: Sequence[int] | None = None

@@ -20,8 +20,9 @@ import torch
 
 from ..job.nodes import Nodes
 from ..protocol.message import Part
+from .locality import Locality
 
-__all__ = ["CollectiveChannel", "Incoming", "Nodes", "PointToPointChannel", "TieredChannel"]
+__all__ = ["CollectiveChannel", "Incoming", "Locality", "Nodes", "PointToPointChannel", "TieredChannel"]
 
 
 class Incoming(Protocol):
@@ -62,15 +63,9 @@ class CollectiveChannel(Protocol):
     rank: int
     size: int
 
-    @property
-    def maps_messages(self) -> bool:
-        """Whether ``Incoming.mapped`` avoids a copy here (worth it for large parts)."""
-
-    @property
-    def one_client(self) -> bool:
-        """Whether every rank of the group reaches its directory through one client (one kernel,
-        one mount), so a rank's step can ring every waiter and no wait polls. The same answer on
-        every rank (it comes from the rendezvous record), so algorithms may choose by it."""
+    #: what the group's directory is to its ranks: algorithms choose their form by it
+    #: (``one_client`` is the same on every rank) and map large parts where ``maps_messages``
+    locality: Locality
 
     def publish(
         self, step: int, tensors: Sequence[torch.Tensor], tag: int = 0, readers: Sequence[int] | None = None

@@ -19,6 +19,7 @@ import torch
 
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
 from ..protocol.message import Part
+from .locality import Locality
 
 __all__ = ["MemoryChannel", "MemoryMessage", "MemoryWorld"]
 
@@ -118,8 +119,7 @@ class MemoryWorld:
 class MemoryChannel:
     """One rank's CollectiveChannel over a MemoryWorld."""
 
-    maps_messages = False
-    one_client = True  # one process: every wait is woken
+    locality = Locality(one_client=True, local=True, reuse_files=False)  # one process: every wait is woken
 
     def __init__(self, world: MemoryWorld, rank: int) -> None:
         self._world = world

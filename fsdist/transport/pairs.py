@@ -29,6 +29,7 @@ from ..protocol import layout, state_record
 from . import outbox
 from .incoming import PeerRings, open_incoming
 from .interfaces import Incoming
+from .locality import Locality
 from .progress import Progress
 from .retention import Retention
 from .rings import SendRing
@@ -45,7 +46,7 @@ RIDE_AREAS = 3
 class Pairs:
     """This rank's sending and receiving counters, and its point-to-point messages."""
 
-    def __init__(self, progress: Progress, retention: Retention) -> None:
+    def __init__(self, progress: Progress, retention: Retention, locality: Locality) -> None:
         self._progress = progress
         self._retention = retention
         self.directory = progress.directory
@@ -71,9 +72,9 @@ class Pairs:
         # swallows the other's wake-up
         self._bell = Doorbell([layout.p2p_doorbell_file(self.directory, r) for r in range(size)], progress.rank)
         self._all_ring = False  # every peer found on this host (asked again until it is)
-        #: mid-size messages go through ring files where spares are used (local filesystems)
-        self._rings_enabled = INLINE and retention.spares.enabled
-        self._mapped = retention.spares.mapped if retention.spares.enabled else None
+        #: mid-size messages go through ring files where files are reused (local filesystems)
+        self._rings_enabled = INLINE and locality.reuse_files
+        self._mapped = retention.spares.mapped if locality.maps_messages else None
         self._send_rings: dict[int, SendRing] = {}
         self._read_rings = PeerRings()
 

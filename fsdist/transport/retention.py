@@ -16,10 +16,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..defaults import ENV_REUSE_FILES, GC_BYTES, GC_EVERY, MAP_MIN_BYTES, REUSE_FILES, REUSE_MIN_BYTES, RUN_AHEAD
+from ..defaults import GC_BYTES, GC_EVERY, MAP_MIN_BYTES, REUSE_FILES, REUSE_MIN_BYTES, RUN_AHEAD
 from ..files.io import publish
 from ..files.mapped import MappedFiles
-from ..fs.mounts import is_local
 from ..protocol import layout
 from ..protocol.state_record import INLINE_SLOTS
 from .outbox import InFile, InSlot, Placement
@@ -33,7 +32,9 @@ __all__ = ["Retention"]
 class Retention:
     """This rank's published messages of one group, until every peer is past them."""
 
-    def __init__(self, progress: Progress) -> None:
+    def __init__(self, progress: Progress, reuse_files: bool) -> None:
+        """``reuse_files``: retired files are kept as spares and mid-size messages go through a
+        ring file (Locality.reuse_files)."""
         self._progress = progress
         self.directory = progress.directory
         self._published: deque[_Published] = deque()
@@ -42,9 +43,7 @@ class Retention:
         self._bytes = 0
         #: every rank's spares may come back to this one, its own as its peers' next messages
         mapped = MappedFiles(MAP_MIN_BYTES, capacity=REUSE_FILES * (progress.size + 1), copy=torch_copy)
-        self.spares = SparePool(
-            self.directory, progress.rank, _reuse_files(self.directory), REUSE_FILES, REUSE_MIN_BYTES, mapped
-        )
+        self.spares = SparePool(self.directory, progress.rank, reuse_files, REUSE_FILES, REUSE_MIN_BYTES, mapped)
         #: mid-size messages' ring file, where retired files are reused (the same rule, for the
         #: same reason: another client may cache a rewritten file's old pages)
         self._ring = (
@@ -236,16 +235,3 @@ class _Published:
         if self.readers is None:
             return progress.peer_seq[peer] > self.seq
         return progress.peer_position[peer] > (self.seq, self.step)
-
-
-def _reuse_files(directory: str) -> bool:
-    """Whether retired message files may be rewritten here: local filesystems only.
-
-    On a network filesystem another client may still cache the old pages of a rewritten
-    inode (default GlusterFS does; NFS revalidates on open, but only as finely as its change
-    attribute): a fresh file per message is the path that is correct everywhere.
-    """
-    setting = os.environ.get(ENV_REUSE_FILES, "")
-    if setting in ("0", "1"):
-        return setting == "1"
-    return is_local(directory)

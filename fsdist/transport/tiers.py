@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from ..job.liveness import PeerWatch
 from ..job.nodes import Nodes
 from .group import GroupTransport
+from .locality import Locality
 
 __all__ = ["NodeTiers"]
 
@@ -52,7 +53,7 @@ class NodeTiers:
         if len(here) > 1:
             self.local = GroupTransport(  # node-local: one client, by construction
                 node_directory, here.index(rank), len(here), watch_of(here), timeout, here, f"node {node}'s tier",
-                one_client=True,
+                Locality.of(node_directory, one_client=True),
             )  # fmt: skip
         if len(leaders) > 1 and rank == leaders[node]:
             self.cross = GroupTransport(

@@ -1,0 +1,50 @@
+"""What a group's directory is to its ranks, found once when the group is made.
+
+Every choice that depends on where the files live reads it here, so no part of the transport
+asks the filesystem again or decides apart from the others: whether a step can ring every
+waiter, whether records are read without the lock first, whether retired message files are
+rewritten and peers' files mapped, and which small all_reduce the algorithms run.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..defaults import ENV_REUSE_FILES
+from ..fs.mounts import is_local
+
+__all__ = ["Locality"]
+
+
+@dataclass(frozen=True)
+class Locality:
+    #: every rank reaches the directory through one client (one kernel, one mount), so a rank's
+    #: step can ring every waiter and no wait polls; the same on every rank (it comes from the
+    #: rendezvous record), so algorithms may choose by it
+    one_client: bool
+    #: the directory is on this machine's own filesystem (tmpfs, a local disk)
+    local: bool
+    #: retired message files are rewritten (spares, ring files) and peers' files mapped; on a
+    #: network filesystem another client may cache a rewritten file's old pages (default
+    #: GlusterFS does; NFS revalidates on open, but only as finely as its change attribute), so
+    #: a fresh file per message is the path that is correct everywhere
+    reuse_files: bool
+
+    @classmethod
+    def of(cls, directory: str, one_client: bool) -> Locality:
+        """``directory``'s locality; FSDIST_REUSE_FILES=0/1 overrides whether files are reused."""
+        local = is_local(directory)
+        setting = os.environ.get(ENV_REUSE_FILES, "")
+        return cls(one_client, local, setting == "1" if setting in ("0", "1") else local)
+
+    @property
+    def optimistic(self) -> bool:
+        """Whether records may be read without the lock first (torn reads retried): one local
+        client, where a read costs no server round trip and a write is seen at once."""
+        return self.one_client and self.local
+
+    @property
+    def maps_messages(self) -> bool:
+        """Whether a peer's message may be mapped instead of copied (worth it for large parts)."""
+        return self.reuse_files
