@@ -49,19 +49,19 @@ DEFAULT_TIMEOUT = timedelta(minutes=30)
 #: directory's filesystem would not exclude each other's locks (see docs/filesystems.md).
 ENV_ALLOW_UNSAFE_FS = "FSDIST_ALLOW_UNSAFE_FS"
 
-#: Waiting: spin this long re-checking at once (not for a peer whose doorbell rings this rank),
+#: Waiting: spin this long re-checking at once (not for a peer whose doorbell wakes this rank),
 #: then sleep with doubling pauses up to the cap.
 #: The cap bounds both the wake-up latency of a long wait and the CPU a blocked rank burns.
 SPIN_SECONDS = 50e-6
-#: A peer that rings this rank, where every rank of the group on this machine has a core of its
-#: own: busy-wait this long for its ring before sleeping. A sleeping (virtual) CPU takes 50-100
+#: A peer that wakes this rank, where every rank of the group on this machine has a core of its
+#: own: busy-wait this long for its wake-up before sleeping. A sleeping (virtual) CPU takes 50-100
 #: µs to wake, more than a small operation's whole cost, and a spinning waiter steals no CPU
 #: that a peer needs when there are cores enough. The spin reads the doorbell, not the record.
-RING_SPIN_SECONDS = 300e-6
+WAKE_SPIN_SECONDS = 300e-6
 FIRST_SLEEP_SECONDS = 20e-6
 MAX_SLEEP_SECONDS = 2e-3
 #: A wait that has lasted this long sleeps up to LONG_SLEEP_SECONDS between polls: a peer on
-#: this machine rings the doorbell anyway, so only a peer on another machine is noticed later
+#: this machine wakes the waiter anyway, so only a peer on another machine is noticed later
 #: (by at most a tenth of the wait so far), and a blocked rank wakes 100 times a second, not 500.
 LONG_WAIT_SECONDS = 0.1
 LONG_SLEEP_SECONDS = 10e-3
@@ -93,9 +93,8 @@ RUN_AHEAD = 64
 GC_BYTES = 32 << 20
 #: Reusing retired message files (local filesystems only; FSDIST_REUSE_FILES=0 turns it off,
 #: =1 forces it on): at most this many per rank and group, for messages of at least this size
-#: (smaller ones travel in the records). Was 64 KiB ("creating a small file costs no more than
-#: rewriting one"), but a fresh file costs a create and an unlink more: 2-rank all_to_all and
-#: all_gather 16-64 KiB, 18.0 -> 15.0 filesystem calls per op.
+#: (smaller ones travel in the records): even a small fresh file costs a create and an unlink
+#: more than a rewrite (docs/benchmarks.md, "spares from 8 KiB").
 ENV_REUSE_FILES = "FSDIST_REUSE_FILES"
 REUSE_FILES = 4
 REUSE_MIN_BYTES = 8192
@@ -124,17 +123,10 @@ ALLREDUCE_SLICED_MIN_BYTES = 256 * 1024
 DOUBLING_MIN_RANKS = 4
 DOUBLING_MAX_BYTES = 1024
 #: ... but all_reduces of such messages in groups of ROOTED_MIN_RANKS up to
-#: ALLREDUCE_DOUBLING_MIN_RANKS − 1 ranks that reach the directory through one client (every
-#: wait rung, none polled) go through rank 0 (collectives/rooted.py): 3N − 2
-#: record accesses in all instead of doubling's 2N·log2 N, each a message to encode, read and
-#: check, and a constant number of filesystem calls per rank on average. 2 cores, 8 bytes, p50
-#: of the slowest rank (fsdist bench): 4 ranks 412–554 µs vs doubling 610–700 (Gloo 448–509);
-#: 8 ranks 3.40 ms, 9.3 calls per rank vs 4.21 ms, 18.1; 16 ranks 4.38 ms, 9.4 vs 11.42 ms, 30.1.
-#: A barrier carries no message, and doubling is quicker for it (4 ranks: 239 µs, rooted 270).
-#: From 32 ranks on rank 0's N − 1 reads in a row outgrow doubling's log2 N rounds (a judgment:
-#: 32 ranks on this 2-core machine measure nothing). Across clients (NFS from two hosts) ranks
-#: poll, and the others poll rank 0 all through its gathering: NFS VM, 4 ranks over 2 clients,
-#: 30.1 RPCs per op per rank through rank 0 against 19.4 by doubling (bd792d5).
+#: ALLREDUCE_DOUBLING_MIN_RANKS − 1 ranks on one client go through rank 0 (why, and why not
+#: barriers or groups across clients: collectives/rooted.py). From 32 ranks on rank 0's N − 1
+#: reads in a row outgrow doubling's log2 N rounds (a judgment: 32 ranks on this 2-core machine
+#: measure nothing).
 ROOTED_MIN_RANKS = 4
 ALLREDUCE_DOUBLING_MIN_RANKS = 32
 
@@ -170,11 +162,10 @@ ENV_GROUP_ACCESS = "FSDIST_GROUP_ACCESS"
 ENV_INLINE = "FSDIST_INLINE"
 INLINE = os.environ.get(ENV_INLINE, "1") != "0"
 #: A synchronous operation of at most this many bytes (inputs and outputs) runs on its caller's
-#: thread when nothing is queued before it (no hand-off to the group's worker and back: two
-#: thread wake-ups, 2 ranks, 64 KiB all_reduce 400 -> 195 µs; 1 MiB all_to_all, 2 MiB in and
-#: out, 254-584 -> 165-225 µs, and all_gather 314-715 -> 194-265 µs, when this was 1 MiB).
-#: Larger ones wake the worker at once, so an async one starts without waiting for the worker's
-#: next look (an async one of this size or less, its caller not waiting, starts within 1-10 ms:
+#: thread when nothing is queued before it: no hand-off to the group's worker and back, whose
+#: two thread wake-ups cost a 64 KiB all_reduce about half its time (docs/design.md). Larger ones
+#: wake the worker at once, so an async one starts without waiting for the worker's next look
+#: (an async one of this size or less, its caller not waiting, starts within 1-10 ms:
 #: HANDOFF_SECONDS, the worker's look backing off to 10 ms; above 4 MiB the hand-off is noise).
 INLINE_RUN_BYTES = 4 << 20
 #: Such an operation that its caller has not waited for after this long (an ``async_op=True``

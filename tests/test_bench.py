@@ -80,7 +80,7 @@ def test_fs_call_counting_sees_every_kind_and_tells_doorbells_and_proc_apart(tmp
         os.pread(loadavg, 128, 0)
         os.close(loadavg)
     assert counts == {"open": 3, "lock": 1, "stat": 1, "write": 1, "read": 1, "mmap": 1, "close": 3,
-                      "rename": 1, "unlink": 1, "ring": 2, "proc": 1, "bytes": 16}, counts  # fmt: skip
+                      "rename": 1, "unlink": 1, "wake": 2, "proc": 1, "bytes": 16}, counts  # fmt: skip
     assert (os.open, os.close, fcntl.fcntl, mmap.mmap) == real, "the real functions are back"
     with fscalls.counting() as again:
         os.stat(tmp_path)

@@ -1,8 +1,8 @@
 """OpenMP threads for fsdist's own tensor work (copies, reductions): per thread, nobody else's.
 
 Several ranks share a machine's cores, and OpenMP workers spinning after each parallel copy or
-``add_`` steal them from the peers (two ranks on two cores: a 1 MiB all_reduce 4.2 -> 1.6 ms
-with one thread; a 64 KiB one run on a loaded caller's thread 17 ms -> under 1 ms). So the
+``add_`` steal them from the peers (docs/design.md: a 1 MiB all_reduce on two cores took 2.6×
+as long with them as with one thread). So the
 group's worker thread, and a caller's thread while it runs an operation itself, use
 ``REDUCE_THREADS`` threads.
 

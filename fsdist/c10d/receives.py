@@ -18,7 +18,7 @@ from ..defaults import (
     HEALTH_CHECK_SECONDS,
     MAX_SLEEP_SECONDS,
     REDUCE_THREADS,
-    RING_SPIN_SECONDS,
+    WAKE_SPIN_SECONDS,
 )
 from ..errors import FsdistError, ProtocolError
 from ..transport.p2p import Mailbox, PendingReceive
@@ -80,8 +80,8 @@ class ReceiveLoop:
             self._callers += 1
         try:
             sleep, next_health = 0.0, start + HEALTH_CHECK_SECONDS
-            if self._mailbox.sends_ring():
-                # rings of messages matched already: only later ones may end this caller's sleeps
+            if self._mailbox.sends_wake():
+                # wake-ups of messages matched already: only later ones may end this caller's sleeps
                 # (the passes below see every message sent before this)
                 self._mailbox.sleep(0.0)
             while not work.is_completed():
@@ -97,12 +97,12 @@ class ReceiveLoop:
                     next_health = now + HEALTH_CHECK_SECONDS
                     if not self._healthy():
                         return
-                if now - start < RING_SPIN_SECONDS and self._mailbox.spin(start + RING_SPIN_SECONDS - now):
-                    continue  # rung while spinning: match at once
-                # a send rings: sleep until it does rather than look again and again (4 ranks on 2
+                if now - start < WAKE_SPIN_SECONDS and self._mailbox.spin(start + WAKE_SPIN_SECONDS - now):
+                    continue  # woken while spinning: match at once
+                # a send wakes the receiver: sleep until it does rather than look again and again (4 ranks on 2
                 # cores, 8-byte ring: ~4.7 passes per receive, each a locked read, with the
                 # doubling schedule; the loop thread, not the caller, keeps that schedule)
-                first = MAX_SLEEP_SECONDS if self._mailbox.sends_ring() else FIRST_SLEEP_SECONDS
+                first = MAX_SLEEP_SECONDS if self._mailbox.sends_wake() else FIRST_SLEEP_SECONDS
                 sleep = min(max(sleep * 2, first), MAX_SLEEP_SECONDS, end - now)
                 self._mailbox.sleep(sleep)
         finally:

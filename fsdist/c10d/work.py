@@ -210,7 +210,7 @@ class OpQueue:
     the worker and back. Whoever claims an operation first runs it; the other passes over it.
 
     Nor is the worker woken for such an operation: waking a thread costs the caller a context
-    switch and a GIL hand-off (2 ranks, 8-byte all_reduce: 180 -> 105 µs per op without them).
+    switch and a GIL hand-off, about 40% of a small all_reduce (docs/design.md).
     While operations keep coming the worker instead looks now and then (every ``HANDOFF_SECONDS``,
     backing off to ``MAX_TICK_SECONDS`` while it finds nothing) for one that nobody claimed for
     ``HANDOFF_SECONDS`` (an async operation its caller has not waited for) and runs it; after

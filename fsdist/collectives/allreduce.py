@@ -36,13 +36,9 @@ _SmallForm = Callable[[CollectiveChannel, Sequence[torch.Tensor], Reduction, int
 
 
 def small_form(size: int, nbytes: int, locality: Locality) -> _SmallForm | None:
-    """The form for a small all_reduce of ``nbytes`` in a group of ``size`` ranks, if it has one.
-
-    Through rank 0 only where every wait is rung (``locality.one_client``): where ranks poll each other's
-    records (NFS clients on other hosts), its long waits for rank 0 are polled all along, and
-    doubling's one-partner rounds cost fewer RPCs (NFS VM, 4 ranks over 2 clients, per op per
-    rank: 30.1 RPCs through rank 0 against 19.4 by doubling).
-    """
+    """The form for a small all_reduce of ``nbytes`` in a group of ``size`` ranks, if it has one:
+    through rank 0 where every wait is woken (one client; rooted.py says why), else by doubling.
+    ``locality.one_client`` is the same on every rank, so every rank chooses alike."""
     if nbytes > DOUBLING_MAX_BYTES or size < DOUBLING_MIN_RANKS:
         return None
     if locality.one_client and size >= ROOTED_MIN_RANKS and size < ALLREDUCE_DOUBLING_MIN_RANKS:

@@ -1,6 +1,6 @@
 """barrier: every rank announces it entered; each waits until all peers have.
 
-A barrier moves no data: each rank advances its state record to step 1 (which also rings the
+A barrier moves no data: each rank advances its state record to step 1 (which also wakes the
 peers' doorbells) and waits until every peer's record shows step 1. From DOUBLING_MIN_RANKS
 ranks on, log2 N rounds of pairwise steps instead (doubling.py): fewer reads per rank.
 """

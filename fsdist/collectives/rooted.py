@@ -1,7 +1,7 @@
 """Small all_reduces in groups of 4 to 31 ranks on one client: everyone to rank 0, then back.
 
 In a group of ROOTED_MIN_RANKS up to ALLREDUCE_DOUBLING_MIN_RANKS − 1 ranks that reach the
-directory through one client (one kernel, one mount: every wait is rung), what a small
+directory through one client (one kernel, one mount: every wait is woken), what a small
 operation costs is CPU time, wake-ups and filesystem calls, not bytes. Here a rank other than 0
 writes its record once (its input, read by rank 0 only) and reads rank 0's once (the result):
 2 record accesses and one sleep; rank 0 reads N − 1 records and writes one. That is 3N − 2
@@ -11,7 +11,7 @@ accesses in all, where recursive doubling makes 4 per rank per round (16 at 4 ra
 Where ranks poll each other (clients on other hosts) the others poll rank 0 all through its
 gathering, and doubling's one-partner rounds cost fewer RPCs: such groups use doubling too.
 Barriers keep doubling from DOUBLING_MIN_RANKS: with no message to handle, its rounds were
-quicker there (4 ranks on 2 cores: 239 µs, through rank 0 270).
+quicker there. The measurements behind each of these: docs/algorithms.md.
 
 Rank 0 reduces in rank order, as the one-round form does, and every rank takes its bits.
 """

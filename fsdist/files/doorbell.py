@@ -3,12 +3,12 @@
 Polling alone forces a choice between latency and CPU: a short sleep wakes often (CPU), a long
 one notices late. Two ranks that both sleep between polls also fall into step with each
 other's back-off, and on two shared cores a spinning waiter steals the CPU its peer needs to
-publish. So a rank that publishes also *rings* its peers: it writes one byte into each peer's
+publish. So a rank that publishes also *wakes* its peers: it writes one byte into each peer's
 FIFO (``wake.r<rank>``, a named pipe: a file in the shared directory, no socket), and a
 waiting rank sleeps in ``select`` on its own FIFO, woken by the kernel within tens of µs.
 
-A ring is the ringer's rank (4 bytes little-endian: a write of at most PIPE_BUF bytes is never
-split), so a waiter knows who rang and need not re-read the record of a peer that has not (on
+A wake-up is the waker's rank (4 bytes little-endian: a write of at most PIPE_BUF bytes is never
+split), so a waiter knows who woke it and need not re-read the record of a peer that has not (on
 NFS every read is a round trip). The bell only shortens sleeps; it never replaces the record
 check. A FIFO carries bytes only
 between processes of one host (on NFS each client has its own pipe), so peers on other
@@ -34,7 +34,7 @@ _RING = struct.Struct("<I")  # a ring: the ringer's rank
 
 
 class Doorbell:
-    """This rank's FIFO (to wait on) and its peers' FIFOs (to ring)."""
+    """This rank's FIFO (to wait on) and its peers' FIFOs (to wake them)."""
 
     def __init__(self, paths: list[str], rank: int) -> None:
         """``paths``: every rank's FIFO (this rank's is made here); ``rank``: this rank."""
@@ -59,7 +59,7 @@ class Doorbell:
                 raise refusal(path, "FIFO", exc) from None
             try:
                 share = sharing()
-                if made and share.gid is not None:  # the group's peers ring it, whatever the umask
+                if made and share.gid is not None:  # the group's peers write to it, whatever the umask
                     os.fchown(fd, -1, share.gid)
                     os.fchmod(fd, share.file_mode)
                 check_open(fd, path, "FIFO")
@@ -70,10 +70,10 @@ class Doorbell:
         self._peers: list[int] = [-1] * size
         self._retry_at = [0.0] * size
         self._ring = _RING.pack(rank)
-        #: peers whose rings were drained from the pipe and not taken yet (``take_ring``)
-        self._rung: set[int] = set()
+        #: peers whose wake-ups were drained from the pipe and not taken yet (``take_wakeup``)
+        self._woken: set[int] = set()
 
-    def ring(self, peers: Iterable[int]) -> None:
+    def wake(self, peers: Iterable[int]) -> None:
         """Wake ``peers`` if they wait (a full pipe already holds a wake-up: nothing lost)."""
         for peer in peers:
             fd = self._peers[peer]
@@ -85,7 +85,7 @@ class Doorbell:
                 os.write(fd, self._ring)
             except BlockingIOError:
                 pass
-            except OSError:  # EPIPE: the peer closed its end (it left); never ring it again
+            except OSError:  # EPIPE: the peer closed its end (it left); never wake it again
                 os.close(fd)
                 self._peers[peer] = -1
                 self._retry_at[peer] = float("inf")
@@ -111,7 +111,7 @@ class Doorbell:
         return fd
 
     def reaches(self, peer: int) -> bool:
-        """Whether ``peer`` can ring this rank: it runs on this host (its FIFO opens here, so it
+        """Whether ``peer`` can wake this rank: it runs on this host (its FIFO opens here, so it
         opens ours) and this rank has a FIFO to wait on."""
         return self._fd >= 0 and (self._peers[peer] >= 0 or self._open_peer(peer) >= 0)
 
@@ -127,15 +127,15 @@ class Doorbell:
             if time.monotonic() >= end:
                 return False
 
-    def take_ring(self, peer: int) -> bool:
+    def take_wakeup(self, peer: int) -> bool:
         """Whether ``peer`` rang since this was last asked of it (the answer is used up)."""
-        if peer in self._rung:
-            self._rung.discard(peer)
+        if peer in self._woken:
+            self._woken.discard(peer)
             return True
         return False
 
     def _drain(self) -> bool:
-        """Read every ring waiting in the pipe into ``_rung``; True if there was any."""
+        """Read every wake-up waiting in the pipe into ``_woken``; True if there was any."""
         got = False
         while True:
             try:
@@ -145,7 +145,7 @@ class Doorbell:
             got = got or bool(raw)
             for (peer,) in _RING.iter_unpack(raw[: len(raw) - len(raw) % _RING.size]):
                 if peer < len(self._peers):
-                    self._rung.add(peer)
+                    self._woken.add(peer)
             if len(raw) < 4096:
                 return got
 
@@ -154,7 +154,7 @@ class Doorbell:
         return 1 + sum(1 for peer in range(len(self._peers)) if peer != self._rank and self.reaches(peer))
 
     def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``, less if a peer rings; True if one did (``take_ring`` says who)."""
+        """Sleep up to ``seconds``, less if a peer wakes this rank; True if one did (``take_wakeup`` says who)."""
         if self._fd < 0:
             time.sleep(seconds)
             return False

@@ -28,7 +28,7 @@ from ..defaults import (
 
 T = TypeVar("T")
 
-__all__ = ["BELL", "LOCKING", "POLLING", "RUNG", "Deadline", "Schedule", "poll"]
+__all__ = ["BELL", "LOCKING", "POLLING", "WOKEN", "Deadline", "Schedule", "poll"]
 
 
 class Deadline:
@@ -65,14 +65,13 @@ class Schedule:
 
 #: attempts at once for a moment, then short pauses (a peer's step, a store key, a rendezvous)
 POLLING = Schedule(SPIN_SECONDS, FIRST_SLEEP_SECONDS, MAX_SLEEP_SECONDS)
-#: a busy lock: retried at once for a while (a healthy holder keeps it for microseconds), the
-#: CPU yielded to the holder in between; then pauses short enough not to lose the lock to those
-#: that retry sooner (8 processes on 2 cores: a 2 ms cap let one waiter lose for 110 ms; 0.5 ms: 31)
+#: a busy lock: retried at once for a while, the CPU yielded to the holder in between; then
+#: pauses short enough not to lose the lock to those that retry sooner (defaults.py says why)
 LOCKING = Schedule(LOCK_SPIN_SECONDS, FIRST_SLEEP_SECONDS, LOCK_MAX_SLEEP_SECONDS, yields=True)
 #: a pause that a doorbell ends when a peer moves: no spinning (every attempt reads records)
 BELL = Schedule(0.0, FIRST_SLEEP_SECONDS, MAX_SLEEP_SECONDS)
-#: a peer that rings this rank: the ring ends the sleep, the schedule is only the safety net
-RUNG = Schedule(0.0, LONG_SLEEP_SECONDS, LONG_SLEEP_SECONDS)
+#: a peer that wakes this rank: its wake-up ends the sleep, the schedule is only the safety net
+WOKEN = Schedule(0.0, LONG_SLEEP_SECONDS, LONG_SLEEP_SECONDS)
 
 
 def poll(
@@ -88,7 +87,7 @@ def poll(
     ``health_check(seconds waited)`` runs every HEALTH_CHECK_SECONDS and raises to end the wait
     early (abort marker, dead peer, a lock holder that stopped). When the deadline passes,
     ``on_timeout()`` is raised. ``sleep(seconds)`` pauses between attempts (a doorbell's wait
-    returns early when rung), paced by ``schedule``.
+    returns early when woken), paced by ``schedule``.
     """
     result = attempt()
     if result is not None:

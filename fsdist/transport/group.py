@@ -23,10 +23,8 @@ from ..errors import PeerFailedError, ProtocolError
 from ..files.io import remove_tree
 from ..files.locks import Counter
 from ..files.trust import make_private_dir
-from ..files.waiting import Deadline
 from ..job.liveness import PeerWatch
 from ..protocol import layout
-from ..protocol.state_record import PeerState
 from . import outbox
 from .incoming import FileMessage, PeerRings, open_incoming
 from .interfaces import Incoming
@@ -95,7 +93,8 @@ class GroupTransport:
 
         where = outbox.place(
             seq, tag, description, tensors, self.progress.collective_seal(self.rank, step),
-            free_slot=self.retention.free_slot, ring=self.retention.ring, ring_max=COLLECTIVE_RING_MAX, write=write,
+            free_slot=self.retention.free_slot, ring=self.retention.ring_writer, ring_max=COLLECTIVE_RING_MAX,
+            write=write,
         )  # fmt: skip
         self.retention.keep(seq, step, readers, where)
         if isinstance(where, outbox.InSlot):
@@ -177,25 +176,13 @@ class GroupTransport:
     def spin_for_sends(self, seconds: float) -> bool:
         return self.pairs.spin_for_sends(seconds)
 
-    def sends_ring(self) -> bool:
-        return self.pairs.sends_ring()
+    def sends_wake(self) -> bool:
+        return self.pairs.sends_wake()
 
-    # ---- health, for the adapter's receive loop and tools ---------------------------------
-
-    def peer_state(self, peer: int) -> PeerState:
-        return self.progress.peer_state(peer)
-
-    def abort_reason(self) -> str | None:
-        return self.progress.aborted.reason()
+    # ---- health, for the adapter's receive loop ---------------------------------
 
     def check_health(self, peer: int | None = None) -> None:
         self.progress.check_health(peer)
-
-    def deadline(self) -> Deadline:
-        return self.progress.deadline()
-
-    def collect_garbage(self) -> None:
-        self.retention.collect()
 
     # ---- leaving --------------------------------------------------------------------------
 

@@ -124,7 +124,7 @@ class PointToPointChannel(Protocol):
         """Busy-wait up to ``seconds`` for a message's arrival where a core is free for it (else
         return False at once); True if one may have arrived."""
 
-    def sends_ring(self) -> bool:
+    def sends_wake(self) -> bool:
         """Whether every peer's send ends this rank's ``wait_for_sends`` at once (all of them on
         this host): a waiter may then sleep long instead of looking again and again."""
 

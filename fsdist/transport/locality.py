@@ -1,7 +1,7 @@
 """What a group's directory is to its ranks, found once when the group is made.
 
 Every choice that depends on where the files live reads it here, so no part of the transport
-asks the filesystem again or decides apart from the others: whether a step can ring every
+asks the filesystem again or decides apart from the others: whether a step can wake every
 waiter, whether records are read without the lock first, whether retired message files are
 rewritten and peers' files mapped, and which small all_reduce the algorithms run.
 """
@@ -20,7 +20,7 @@ __all__ = ["Locality"]
 @dataclass(frozen=True)
 class Locality:
     #: every rank reaches the directory through one client (one kernel, one mount), so a rank's
-    #: step can ring every waiter and no wait polls; the same on every rank (it comes from the
+    #: step can wake every waiter and no wait polls; the same on every rank (it comes from the
     #: rendezvous record), so algorithms may choose by it
     one_client: bool
     #: the directory is on this machine's own filesystem (tmpfs, a local disk)

@@ -1,6 +1,7 @@
 """Point-to-point receives with MPI's matching rules over the transport's per-pair messages.
 
-Sends are buffered: a send publishes a file and bumps the sender's count for that receiver,
+Sends are buffered: a send places its message (a record slot, a ring file or a file of its own:
+transport/outbox.py) and bumps the sender's count for that receiver,
 then returns. A receive matches the *first* message from its source (or from any source) whose
 tag it asks for; messages with other tags wait for the receives that want them. Pending
 receives are matched in the order they were posted, so two receives of one (source, tag) get
@@ -58,16 +59,16 @@ class Mailbox:
         """Pause between passes; a peer's send ends the pause early (its doorbell)."""
         self._t.wait_for_sends(seconds)
 
-    def sends_ring(self) -> bool:
+    def sends_wake(self) -> bool:
         """Whether every peer's send ends a ``sleep`` at once (so a sleep may be long)."""
-        return self._t.sends_ring()
+        return self._t.sends_wake()
 
     def flush_acknowledgements(self) -> None:
         """Write the counts of consumed messages held back to ride with a later send."""
         self._t.flush_acknowledgements()
 
     def spin(self, seconds: float) -> bool:
-        """Busy-wait up to ``seconds`` for a send's ring where cores allow; True if one came."""
+        """Busy-wait up to ``seconds`` for a send's wake-up where cores allow; True if one came."""
         return self._t.spin_for_sends(seconds)
 
     def begin_pass(self) -> None:

@@ -104,7 +104,7 @@ class Pairs:
                 with self._area_lock:
                     self._write_area(dst, self._set_counters(dst, index + 1, self._received_to_write(dst)))
             self._sent[dst] = index + 1
-            self._bell.ring([dst])
+            self._bell.wake([dst])
         return index
 
     def _slot_free(self, dst: int, index: int) -> bool:
@@ -284,7 +284,7 @@ class Pairs:
         self.flush_acknowledgements()
         return self._progress.waiter.cores_to_spin() and self._bell.spin(seconds)
 
-    def sends_ring(self) -> bool:
+    def sends_wake(self) -> bool:
         if not self._all_ring:
             self._all_ring = all(self._bell.reaches(p) for p in self._progress.others)
         return self._all_ring

@@ -106,15 +106,15 @@ class Progress:
             self._write()
 
     def advance(self, step: int, waiters: Sequence[int] | None = None) -> None:
-        """Reach ``step`` of the current operation, and ring the peers that may wait for it
+        """Reach ``step`` of the current operation, and wake the peers that may wait for it
         (``waiters``, or every peer).
 
-        Only steps ring the peers' doorbells: a peer waits for a step, never for ``enter``
-        alone, so ringing there would wake (and on shared cores, preempt for) nothing.
+        Only steps wake the peers: a peer waits for a step, never for ``enter``
+        alone, so waking them there would rouse (and on shared cores, preempt for) nothing.
         """
         self.step = step
         self._write()
-        self.bell.ring(self.others if waiters is None else waiters)  # after the record: a woken peer finds it
+        self.bell.wake(self.others if waiters is None else waiters)  # after the record: a woken peer finds it
 
     def advance_inline(self, step: int, slot: int, message: bytes, waiters: Sequence[int] | None = None) -> None:
         """Reach ``step`` with its message in inline slot ``slot``: one write of the record, from
@@ -127,7 +127,7 @@ class Progress:
             self._mine[: state_record.HEADER_SIZE] = self._header()
             self._records[self.rank].write(bytes(self._mine[: start + len(encoded)]))
             self._unwritten = False
-        self.bell.ring(self.others if waiters is None else waiters)
+        self.bell.wake(self.others if waiters is None else waiters)
 
     def inline_message(self, peer: int, step: int, confirm: bool = True) -> bytes | None:
         """``peer``'s inline message of (current operation, ``step``), or None if it sent a file.
@@ -152,7 +152,7 @@ class Progress:
         """Mark this rank's record closed (peers waiting for it fail at once) and let go of files."""
         self._flags |= state_record.FLAG_CLOSED
         self._write()
-        self.bell.ring(self.others)
+        self.bell.wake(self.others)
         for record in self._records:
             record.close()
         self.aborted.close()
@@ -275,10 +275,10 @@ class Progress:
         A rank whose waits all end at once (a broadcast reader behind its root) would otherwise
         never write its record: the peer could not learn that its messages were read, so it
         kept them (no spare to reuse, no inline slot free, files piling up) until its run-ahead
-        bound stopped it, and may be waiting for that now (Retention.make_room): rung too.
+        bound stopped it, and may be waiting for that now (Retention.make_room): woken too.
         """
         self._write()
-        self.bell.ring([peer])
+        self.bell.wake([peer])
 
     def desync(self, peer: int, theirs: str) -> DesyncError:
         """The error of ``peer`` calling ``theirs`` where this rank calls this operation (and abort)."""
@@ -307,7 +307,7 @@ class Progress:
         self.aborted.mark(reason)
         self._flags |= state_record.FLAG_ABORTED
         self._write()
-        self.bell.ring(self.others)
+        self.bell.wake(self.others)
 
     def check_health(self, peer: int | None = None) -> None:
         """Raise PeerFailedError if the group was aborted, or ``peer`` (None: any) is dead."""

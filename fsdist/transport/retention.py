@@ -97,7 +97,7 @@ class Retention:
             reader = next(r for r in oldest.readers_among(progress.others) if not oldest.done_for(progress, r))
             return progress.timed_out(reader, f"a position past operation #{oldest.seq} (this rank's message unread)")
 
-        # a reader that moves on while this rank waits in a later operation rings it
+        # a reader that moves on while this rank waits in a later operation wakes it
         progress.waiter.for_any(room, progress.deadline(), timed_out, lambda _: progress.check_health(None))
 
     def write(self, name: str, buffers: Sequence[memoryview | bytes], size: int) -> tuple[str, SpareFile | None]:
@@ -125,7 +125,7 @@ class Retention:
         return next((slot for slot, used in enumerate(self._slot_in_use) if not used), None)
 
     @property
-    def ring(self) -> Callable[[Sequence[memoryview | bytes], int], tuple[int, int] | None] | None:
+    def ring_writer(self) -> Callable[[Sequence[memoryview | bytes], int], tuple[int, int] | None] | None:
         """``place_in_ring``, where this rank has a ring file (outbox.place's ``ring``)."""
         return self.place_in_ring if self._ring is not None else None
 

@@ -14,7 +14,7 @@ every peer has moved past its operation, a point-to-point message once its recei
 it (the receiver keeps it: in a ring or a ping-pong it is the receiver that sends next). It is
 renamed to a hidden name first, so no name a reader looks up leads to it.
 
-Network filesystems never use spares (see ``transport._reuse_files``): another client may
+Network filesystems never use spares (``Locality.reuse_files``): another client may
 still cache the old pages of a rewritten inode.
 """
 

@@ -1,11 +1,11 @@
 """How a rank waits for its group's peers: the one place that picks a wait's strategy.
 
-A peer on this machine rings this rank's doorbell when it reaches a step this rank waits for
+A peer on this machine wakes this rank through its doorbell when it reaches a step this rank waits for
 (files/doorbell.py), so the rank sleeps in the kernel until the ring, and reads the peer's
 record only then (or when a sleep ended without one: a ring lost to a full pipe, or sent
 before this rank's pipe existed). Where a core is free for it, it busy-waits for the ring a
 moment first: a sleeping virtual CPU takes 50-100 µs to wake, more than a small operation.
-A peer on another machine cannot ring: its record is polled (files/waiting.py). Waits for any
+A peer on another machine cannot wake it: its record is polled (files/waiting.py). Waits for any
 peer (readers done with this rank's messages, stragglers catching up) sleep on the doorbell too.
 """
 
@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..defaults import RING_SPIN_SECONDS
+from ..defaults import WAKE_SPIN_SECONDS
 from ..files.doorbell import RUN_QUEUE, Doorbell
-from ..files.waiting import BELL, RUNG, Deadline, poll
+from ..files.waiting import BELL, WOKEN, Deadline, poll
 
 T = TypeVar("T")
 
@@ -39,33 +39,33 @@ class Waiter:
         self, peer: int, arrived: Callable[[], T | None], deadline: Deadline, on_timeout: Callable[[], BaseException],
         health_check: Callable[[float], None],
     ) -> T:  # fmt: skip
-        """Until ``arrived()`` returns something (it reads ``peer``'s record): by ``peer``'s ring
-        where it rings this rank, else by polling."""
+        """Until ``arrived()`` returns something (it reads ``peer``'s record): by ``peer``'s wake-up
+        where it can wake this rank, else by polling."""
         if not self.bell.reaches(peer):  # another host: its steps are found by polling alone
             return poll(arrived, deadline, on_timeout, health_check)
         if self.cores_to_spin():
-            end = time.monotonic() + RING_SPIN_SECONDS
+            end = time.monotonic() + WAKE_SPIN_SECONDS
             while (left := end - time.monotonic()) > 0:
-                if self.bell.spin(left) and self.bell.take_ring(peer):
+                if self.bell.spin(left) and self.bell.take_wakeup(peer):
                     found = arrived()
                     if found is not None:
                         return found
-        quiet = False  # the last sleep ended without any ring: look anyway
+        quiet = False  # the last sleep ended without any wake-up: look anyway
 
         def rung_and_arrived() -> T | None:
-            return arrived() if self.bell.take_ring(peer) or quiet else None
+            return arrived() if self.bell.take_wakeup(peer) or quiet else None
 
         def sleep(seconds: float) -> None:
             nonlocal quiet
             quiet = not self.bell.wait(seconds)
 
-        return poll(rung_and_arrived, deadline, on_timeout, health_check, sleep, RUNG)
+        return poll(rung_and_arrived, deadline, on_timeout, health_check, sleep, WOKEN)
 
     def for_any(
         self, attempt: Callable[[], T | None], deadline: Deadline, on_timeout: Callable[[], BaseException],
         health_check: Callable[[float], None],
     ) -> T:  # fmt: skip
-        """Until ``attempt()`` returns something, each attempt after a pause that any peer's ring
+        """Until ``attempt()`` returns something, each attempt after a pause that any peer's wake-up
         ends (an attempt reads several peers' records: no spinning)."""
         return poll(attempt, deadline, on_timeout, health_check, self.bell.wait, BELL)
 

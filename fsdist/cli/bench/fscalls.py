@@ -9,7 +9,7 @@ Gloo makes its calls from C++ and is not seen: its column shows what Python did 
 
 Kinds, in the order the report shows them: ``lock`` (fcntl locks and unlocks), ``open``,
 ``close``, ``rename``, ``unlink``, ``stat``, ``read``, ``write``, ``mmap``, ``dir`` (mkdir,
-rmdir, listing, link), ``ring`` (a byte written to or drained from a doorbell FIFO) and
+rmdir, listing, link), ``wake`` (a byte written to or drained from a doorbell FIFO) and
 ``wait`` (select on a doorbell FIFO) and ``proc`` (a read of ``/proc``: the run queue a waiter
 checks before it spins): the last three never leave the machine.
 
@@ -35,7 +35,7 @@ from ...transport.spares import SpareFile
 
 __all__ = ["KINDS", "REMOTE_KINDS", "counting"]
 
-KINDS = ("lock", "open", "close", "rename", "unlink", "stat", "read", "write", "mmap", "dir", "ring", "wait", "proc")
+KINDS = ("lock", "open", "close", "rename", "unlink", "stat", "read", "write", "mmap", "dir", "wake", "wait", "proc")
 #: what reaches a network filesystem's server (rings and waits stay on the machine)
 REMOTE_KINDS = KINDS[:10]
 
@@ -113,7 +113,7 @@ def counting(local_root: str | None = None) -> Iterator[Counter[str]]:
 
         return wrapper
 
-    #: fd -> the kind its reads and writes count as where it stays on the machine ("ring": a
+    #: fd -> the kind its reads and writes count as where it stays on the machine ("wake": a
     #: FIFO, "proc": a /proc file), else None (forgotten when the fd is closed)
     local: dict[int, str | None] = {}
     real_fstat, real_close = os.fstat, os.close
@@ -128,7 +128,7 @@ def counting(local_root: str | None = None) -> Iterator[Counter[str]]:
         except OSError:
             return None
         if stat.S_ISFIFO(status.st_mode):
-            return "ring"
+            return "wake"
         return "proc" if status.st_dev == proc_device else None
 
     def data_counted(function: Callable[..., Any], kind: str) -> Callable[..., Any]:

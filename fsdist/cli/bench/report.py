@@ -125,7 +125,7 @@ def _mean_counts(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 
 def _fs_total(row: Row, where: str = "") -> float:
-    """Calls that reach the filesystem (on NFS, the server): doorbell rings and waits are local.
+    """Calls that reach the filesystem (on NFS, the server): doorbell wake-ups and waits are local.
     ``where``: ``""`` for the shared directory's, ``"local "`` for the node-local ones."""
     return sum(row.fs_calls_by_kind.get(where + kind, 0.0) for kind in REMOTE_KINDS)
 
