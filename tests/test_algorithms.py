@@ -1,6 +1,6 @@
 """Every collective algorithm × reduce op × world size 1–8, in one process, in milliseconds.
 
-The algorithms in fsdist/collectives see only a CollectiveChannel; fsdist/transport/memory.py
+The algorithms in fsdist/collectives see only a CollectiveChannel; tests/memory_transport.py
 implements one in memory (each rank a thread), so the very code the multi-process suite runs
 over files is checked here against references, at world sizes where spawning ranks would cost
 minutes. Sizes cover both all_reduce algorithms (one round, and sliced from 256 KiB at N ≥ 3).
@@ -24,8 +24,8 @@ from fsdist.collectives.reduce_ops import ReduceKind, Reduction
 from fsdist.collectives.rooted import all_reduce_rooted
 from fsdist.errors import DesyncError
 from fsdist.job.nodes import Nodes
-from fsdist.transport.memory import MemoryChannel, MemoryWorld
 
+from memory_transport import MemoryChannel, MemoryWorld
 from reference import OPS, PREMUL_FACTOR, make_input, mismatch, reduce_reference, supported
 
 WORLDS = range(1, 9)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-import cases_collectives as cases
 from harness import RankPool
+from in_rank import collectives as cases
 from reference import DTYPES, OPS
 
 WORLDS = [1, 2, 3, 4]

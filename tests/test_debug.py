@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import cases_debug as cases
 from harness import RankPool
+from in_rank import debug as cases
 
 
 @pytest.mark.parametrize("env", [{"FSDIST_DEBUG": "1"}, {"TORCH_DISTRIBUTED_DEBUG": "DETAIL"}])

@@ -168,8 +168,8 @@ def test_ranks_on_two_bindfs_mounts_refuse_to_start(two_bindfs_mounts) -> None:
 
 
 def test_ranks_on_one_bindfs_mount_start_and_the_override_works(two_bindfs_mounts) -> None:
-    import cases_collectives
     from harness import RankPool
+    from in_rank import collectives as cases_collectives
 
     a, b = two_bindfs_mounts
     pool = RankPool(2, directories=[a, a])  # one client: its local locks are enough

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-import cases_errors as cases
 from harness import RankPool
+from in_rank import errors as cases
 
 
 def _run(world: int, case, *args, group_timeout: float = 60, deaths_expected: bool = False):

@@ -26,11 +26,11 @@ from collections.abc import Iterator
 
 import pytest
 
-import cases_collectives
-import cases_p2p
-import cases_tiers
-import cases_training
 from harness import RankError, RankPool
+from in_rank import collectives as cases_collectives
+from in_rank import p2p as cases_p2p
+from in_rank import tiers as cases_tiers
+from in_rank import training as cases_training
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts")
 REQUIRED = os.environ.get("FSDIST_REQUIRE_GLUSTER", "") not in ("", "0")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import cases_groups as cases
+from in_rank import groups as cases
 
 
 def test_subgroups(pool_factory) -> None:

@@ -9,11 +9,11 @@ import os
 
 import pytest
 
-import cases_collectives as collectives
-import cases_groups as groups
-import cases_init
-import cases_p2p as p2p
 from harness import INIT_METHODS, RankPool
+from in_rank import collectives as collectives
+from in_rank import groups as groups
+from in_rank import init as cases_init
+from in_rank import p2p as p2p
 
 ROUTES = [m for m in INIT_METHODS if m != "fsdist"]
 WORLDS = [1, 2, 3, 4]

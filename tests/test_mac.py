@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import stat
 
-import cases_mac
 import pytest
 import torch
 
@@ -20,6 +19,7 @@ from fsdist.protocol.sealed import seal_json, seal_value, unseal_json, unseal_va
 from fsdist.transport.incoming import FileMessage, InlineMessage
 
 from harness import RankPool
+from in_rank import mac as cases_mac
 
 CRC = Sealer(None, False).seal("")  # what a forger without the secret can compute
 

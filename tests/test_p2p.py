@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-import cases_p2p as cases
 from harness import RankPool
+from in_rank import p2p as cases
 
 WORLDS = [2, 3, 4]
 

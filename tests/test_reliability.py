@@ -24,8 +24,8 @@ import pytest
 
 from fsdist.files.locks import LockedRecord
 
-import cases_reliability as cases
 from harness import RankPool
+from in_rank import reliability as cases
 
 
 def test_ten_thousand_small_all_reduces_keep_the_directory_small(pool_factory) -> None:

@@ -14,8 +14,8 @@ from fsdist.job.rendezvous import rendezvous
 from fsdist.protocol import rendezvous_record
 from fsdist.protocol.layout import RENDEZVOUS_FILE
 
-import cases_init as cases
 from harness import RankError, RankPool
+from in_rank import init as cases
 
 
 def _run_unjoined(world: int, function, per_rank_args, deaths_expected: bool = False, env=None):

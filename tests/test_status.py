@@ -16,8 +16,8 @@ from fsdist.inspect.status import read_status
 from fsdist.protocol import failure_report, layout
 from fsdist.protocol.sealed import seal_text
 
-import cases_status as cases
 from harness import RankPool
+from in_rank import status as cases
 
 
 def _status(directory: str, *flags: str, prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-import cases_collectives as cases
-import cases_errors
-import cases_groups
-import cases_status
-import cases_tiers
 from harness import RankPool, left_in
+from in_rank import collectives as cases
+from in_rank import errors as cases_errors
+from in_rank import groups as cases_groups
+from in_rank import status as cases_status
+from in_rank import tiers as cases_tiers
 from test_collectives import _check
 from test_status import _while_held_up
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import cases_training as cases
+from in_rank import training as cases
 
 
 @pytest.mark.parametrize(

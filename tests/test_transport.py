@@ -1,6 +1,6 @@
-"""The transport's record reads in one process: optimistic (lock-free) reads and their fallback.
+"""The transport's parts in one process: record reads, message readers, spares, the waiter.
 
-On local filesystems a rank reads its peers' state records without the lock first. A read torn
+Record reads: on local filesystems a rank reads its peers' state records without the lock first. A read torn
 by the peer's concurrent write must never be acted on: the checksums find it, or a newer header
 points at a step whose slot still holds an older message, and the record is read again under
 the lock. These tests hand the reader torn bytes and check it recovers the written values.
@@ -14,13 +14,17 @@ import re
 import pytest
 import torch
 
-from fsdist.errors import ProtocolError
+from fsdist.errors import FsdistError, ProtocolError
+from fsdist.files.io import publish
 from fsdist.files.locks import LockedRecord
+from fsdist.files.mapped import MappedFiles
 from fsdist.files.seal import seal
 from fsdist.protocol import layout, message, state_record
 from fsdist.transport.group import GroupTransport
+from fsdist.transport.incoming import FileMessage
 from fsdist.transport.locality import Locality
 from fsdist.transport.progress import Progress
+from fsdist.transport.spares import SparePool
 
 CRC = seal("test")  # the check without FSDIST_SECRET_FILE
 
@@ -279,3 +283,113 @@ def test_mid_size_collective_messages_go_through_the_ring_and_its_space_is_reuse
     names = os.listdir(tmp_path)
     assert not [n for n in names if n.startswith("m")], names  # no message files, no spares
     assert os.path.getsize(tmp_path / layout.collective_ring_name(1)) == RING_BYTES
+
+
+def test_truncated_and_foreign_files_are_refused(tmp_path) -> None:
+    good = publish(str(tmp_path), "good", message.encode(1, 0, "x", [torch.arange(100)], CRC))
+    raw = open(good, "rb").read()
+    (tmp_path / "foreign").write_bytes(b"GARBAGE" * 20)
+    (tmp_path / "short").write_bytes(raw[:10])
+    (tmp_path / "badcrc").write_bytes(raw[:40] + b"\xff" + raw[41:])
+    (tmp_path / "cut").write_bytes(raw[:-100])
+    for name in ("foreign", "short", "badcrc"):
+        with pytest.raises(ProtocolError):
+            FileMessage(str(tmp_path / name), CRC)
+    with FileMessage(str(tmp_path / "cut"), CRC) as msg, pytest.raises(FsdistError, match="ended after"):
+        msg.read_into(0, torch.empty(100, dtype=torch.int64))
+
+
+def test_spares_rewrite_in_place_and_readers_see_only_the_new_message(tmp_path) -> None:
+    """A message published through a spare reads back exactly, larger or smaller than the file."""
+    mapped = MappedFiles(min_bytes=1024)
+    pool = SparePool(str(tmp_path), rank=0, enabled=True, max_files=2, min_bytes=1024, mapped=mapped)
+    big = torch.arange(100_000, dtype=torch.float32)
+    first = publish(str(tmp_path), "m1", message.encode(1, 0, "big", [big], CRC))
+    pool.give_back(first, os.path.getsize(first))
+    assert not os.path.exists(first)  # hidden: no name a reader looks up leads to it
+    small = torch.full((1000,), 7.0)
+    spare = pool.take(4000 + 64)
+    assert spare is not None
+    spare.publish(str(tmp_path / "m2"), message.encode(2, 0, "small", [small], CRC))
+    with FileMessage(str(tmp_path / "m2"), CRC) as msg:
+        out = torch.empty(1000)
+        msg.read_into(0, out)
+        assert msg.seq == 2 and torch.equal(out, small)
+        assert msg.file_size() >= big.numel() * 4  # the file kept its size; the header bounds the message
+    pool.give_back(str(tmp_path / "m2"), os.path.getsize(tmp_path / "m2"), spare)
+    # a message bigger than every spare grows the largest one
+    bigger = torch.arange(300_000, dtype=torch.float64)
+    spare = pool.take(bigger.numel() * 8)
+    assert spare is not None
+    spare.publish(str(tmp_path / "m3"), message.encode(3, 0, "bigger", [bigger], CRC))
+    with FileMessage(str(tmp_path / "m3"), CRC) as msg:
+        out64 = torch.empty(300_000, dtype=torch.float64)
+        msg.read_into(0, out64)
+        assert torch.equal(out64, bigger)
+        with msg.mapped(0, out64[1000:2000], byte_offset=1000 * 8) as view:
+            assert torch.equal(view, bigger[1000:2000])
+            view.add_(1)  # a private mapping: the writer's file is untouched
+    for _ in range(2):  # seen before: read through the kept mapping
+        with FileMessage(str(tmp_path / "m3"), CRC, mapped=mapped) as msg:
+            out64.zero_()
+            msg.read_into(0, out64)
+            assert torch.equal(out64, bigger)
+    assert len(mapped._maps) == 1
+    (kept,) = mapped._maps.values()
+    with FileMessage(str(tmp_path / "m3"), CRC, mapped=mapped) as msg:
+        operand = msg.mapped(0, out64[1000:2000], byte_offset=1000 * 8)
+    with operand as view:  # a reduction's operand: the kept mapping itself, held for the block
+        assert kept.users == 1 and torch.equal(view, bigger[1000:2000])
+        fd = os.open(tmp_path / "m3", os.O_RDONLY)
+        mapped.forget(fd)
+        os.close(fd)
+        assert mapped._maps  # not unmapped under the block
+        assert torch.equal(view, bigger[1000:2000])
+    assert kept.users == 0
+    spare.close()
+    assert not mapped._maps  # a spare deleted lets go of its mapping
+    assert pool.take(10) is None  # below min_bytes: never a spare
+    pool.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_message_file_shorter_than_its_part_is_a_protocol_error_when_mapped(tmp_path) -> None:
+    """A part the file does not hold is refused in words, not with mmap's ValueError."""
+    big = torch.arange(100_000, dtype=torch.float32)
+    path = publish(str(tmp_path), "m", message.encode(1, 0, "big", [big], CRC))
+    os.truncate(path, 8192)
+    with FileMessage(path, CRC) as msg, pytest.raises(ProtocolError, match="ends before"):
+        msg.mapped(0, big)
+
+
+def test_spare_pool_is_bounded_and_off_where_disabled(tmp_path) -> None:
+    pool = SparePool(str(tmp_path), rank=3, enabled=True, max_files=2, min_bytes=10, mapped=MappedFiles(1024))
+    for i in range(4):
+        path = publish(str(tmp_path), f"m{i}", [b"x" * 100])
+        pool.give_back(path, 100)
+    assert sorted(os.listdir(tmp_path)) == [".spare.r3.0", ".spare.r3.1"]  # the others were deleted
+    pool.close()
+    assert os.listdir(tmp_path) == []
+    off = SparePool(str(tmp_path), rank=0, enabled=False, max_files=2, min_bytes=10, mapped=MappedFiles(1024))
+    path = publish(str(tmp_path), "m", [b"x" * 100])
+    off.give_back(path, 100)
+    assert os.listdir(tmp_path) == [] and off.take(100) is None
+
+
+def test_a_waiter_spins_only_while_the_run_queue_leaves_a_core_free(tmp_path) -> None:
+    """Waiter.cores_to_spin's machine-wide half: runnable threads (the reader included) <= cores."""
+    from fsdist.files.doorbell import RunQueue
+
+    loadavg = tmp_path / "loadavg"
+    for line, free in [("0.50 0.40 0.30 2/311 999\n", True), ("2.90 2.50 1.30 3/103 6883\n", False)]:
+        loadavg.write_text(line)
+        assert RunQueue(str(loadavg), cores=2).core_free() is free
+    loadavg.write_text("garbage")
+    assert RunQueue(str(loadavg), cores=2).core_free() is True  # unknown: decided by rank count alone
+    assert RunQueue(str(tmp_path / "missing"), cores=2).core_free() is True
+    # an answer serves for max_age seconds, then the file is read again
+    loadavg.write_text("0.50 0.40 0.30 1/311 999\n")
+    kept, fresh = RunQueue(str(loadavg), cores=2, max_age=3600), RunQueue(str(loadavg), cores=2, max_age=0)
+    assert kept.core_free() is True and fresh.core_free() is True
+    loadavg.write_text("2.90 2.50 1.30 3/103 6883\n")
+    assert kept.core_free() is True and fresh.core_free() is False

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-import cases_init as cases
 from harness import RankPool, _free_port
+from in_rank import init as cases
 
 #: Short enough to matter, long enough that a slow machine never fails a correct setup.
 ERROR_TYPES = {"RendezvousError", "ValueError"}

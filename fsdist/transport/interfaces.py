@@ -2,8 +2,8 @@
 
 As Gloo's algorithms see only ``transport/pair.h``, fsdist's collectives see only a
 ``CollectiveChannel`` and its point-to-point matching only a ``PointToPointChannel``. The file
-transport (group.py) implements both; memory.py implements the first in one process, so every
-algorithm can be tested in milliseconds without a file.
+transport (group.py) implements both; the tests' memory_transport.py implements the first in one
+process, so every algorithm can be tested in milliseconds without a file.
 
 A collective is a sequence of numbered *steps* within the current operation: a rank publishes
 the message of a step (or just announces a message-less step), peers wait until it has reached

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-import cases_collectives as cases
-import cases_tiers
+from in_rank import collectives as cases
+from in_rank import tiers as cases_tiers
 from test_collectives import _check
 
 

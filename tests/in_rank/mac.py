@@ -16,7 +16,7 @@ from fsdist.files.locks import LockedRecord
 from fsdist.files.seal import Sealer
 from fsdist.protocol import message, state_record
 
-from cases_errors import error_text
+from in_rank.errors import error_text
 
 #: the check a forger without the secret can compute
 CRC = Sealer(None, False).seal("")

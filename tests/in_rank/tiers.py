@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from fsdist.defaults import ENV_ALGO
 
-from cases_errors import error_text
+from in_rank.errors import error_text
 
 
 def node_tiers(local: str) -> list[str]:

@@ -1,6 +1,6 @@
 """A CollectiveChannel in memory: every rank a thread of one process, to test the algorithms.
 
-The algorithms in collectives/ see only a CollectiveChannel (interfaces.py). Here one
+The algorithms in fsdist/collectives/ see only a CollectiveChannel (transport/interfaces.py). Here one
 ``MemoryWorld`` keeps every rank's position and published tensors under one lock, so the
 algorithm code that runs on files in the multi-process suite runs here in milliseconds, at any
 world size, inside one test. Same contract: a rank waits for a peer's step; a peer in the
@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError
-from ..protocol.message import Part
-from .locality import Locality
+from fsdist.errors import DesyncError, FsdistTimeoutError, PeerFailedError
+from fsdist.protocol.message import Part
+from fsdist.transport.locality import Locality
 
 __all__ = ["MemoryChannel", "MemoryMessage", "MemoryWorld"]
 
