@@ -1,3 +1,5 @@
+"""``python -m fsdist``: the command line (cli/main.py)."""
+
 import sys
 
 from .cli.main import main

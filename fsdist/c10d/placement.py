@@ -1,10 +1,11 @@
-"""Where a group's collectives run: flat, or in two tiers (its node's ranks in a node-local
-directory, one leader per node in the shared one), decided alike on every rank of the group;
-and ``Collectives``, the chooser that runs each operation in the form decided.
+"""Where a group's collectives run, flat or in two tiers, and the chooser that runs each there.
 
-The decision reads only what every rank read from the same rendezvous record (each member's
-node and machine) and FSDIST_ALGO, which could differ between ranks and is therefore checked
-against rank 0's through the store.
+Two tiers: the node's ranks in a node-local directory, one leader per node in the shared one;
+decided alike on every rank of the group when the group is made (``two_tiers``), then
+``Collectives`` runs each operation's algorithm in the form decided. The decision reads only
+what every rank read from the same rendezvous record (each member's node and machine) and
+FSDIST_ALGO, which could differ between ranks and is therefore checked against rank 0's
+through the store.
 """
 
 from __future__ import annotations

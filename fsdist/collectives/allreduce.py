@@ -1,6 +1,8 @@
-"""all_reduce: one round where every rank reduces every input, or reduce-scatter + all-gather
-(and, for small messages in groups of ROOTED_MIN_RANKS or more, through rank 0: rooted.py, or
-from ALLREDUCE_DOUBLING_MIN_RANKS on, recursive doubling: doubling.py).
+"""all_reduce: chooses its form by size and group, and runs the one-round and sliced forms.
+
+The forms: one round where every rank reduces every input, or reduce-scatter + all-gather; for
+small messages in groups of ROOTED_MIN_RANKS or more, through rank 0 (rooted.py), or from
+ALLREDUCE_DOUBLING_MIN_RANKS on, recursive doubling (doubling.py).
 
 One round (2 ranks, or messages < ALLREDUCE_SLICED_MIN_BYTES): every rank publishes its input
 and reduces all N inputs in rank order, in place in its own tensor where the order allows.

@@ -1,7 +1,9 @@
-"""Failure reports of ``fsdist run``: a rank's uncaught exception (``error.r<rank>.json``),
-the job's first failure (the launch generation's ``abort`` record), and the restart history
-(``.launch/rounds``: the first failure of each round of a job run with ``--max-restarts``), all
-JSON objects sealed with a checksum line (protocol/sealed.py: a flipped bit is refused).
+"""Failure reports of ``fsdist run``: their formats, written and parsed without trust.
+
+A rank's uncaught exception (``error.r<rank>.json``), the job's first failure (the launch
+generation's ``abort`` record), and the restart history (``.launch/rounds``: the first failure
+of each round of a job run with ``--max-restarts``), all JSON objects sealed with a checksum
+line (protocol/sealed.py: a flipped bit is refused).
 
 A rank writes its report just before it exits; its node's launcher reads it, and the launchers
 agree on the first failure through the abort record, so every node reports the same cause with

@@ -1,6 +1,7 @@
-"""Checks for the directory's whole-file records: a flipped bit is refused, never read as another
-value (a digit of a world size, a pid, a store value), and with FSDIST_SECRET_FILE a forged or
-altered record is refused too (files/seal.py).
+"""Checks for the directory's whole-file records, so that a damaged or forged one is refused.
+
+A flipped bit is never read as another value (a digit of a world size, a pid, a store value),
+and with FSDIST_SECRET_FILE a forged or altered record is refused too (files/seal.py).
 
 Two forms, one per kind of content:
 
