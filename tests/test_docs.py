@@ -117,3 +117,25 @@ def test_the_design_page_lists_every_module_once() -> None:
     assert len(listed) == len(set(listed)), "a module is listed twice in docs/design.md"
     assert not modules - set(listed), f"modules missing from docs/design.md: {sorted(modules - set(listed))}"
     assert not set(listed) - modules, f"docs/design.md lists modules that do not exist: {sorted(set(listed) - modules)}"
+
+
+def _life_of_an_all_reduce() -> tuple[list[str], list[str]]:
+    """The files docs/design.md's "Life of an all_reduce" names for a small one, and for a large one."""
+    life = (DOCS / "design.md").read_text().split("## Life of an all_reduce", 1)[1].split("\n## ", 1)[0]
+    small, large = life.split("**Large**", 1)
+    return re.findall(r"`([\w/]+\.py)`", small), re.findall(r"`([\w/]+\.py)`", large)
+
+
+def test_the_life_of_an_all_reduce_names_real_files_and_every_file_one_enters(pool_factory) -> None:
+    """The newcomer's map in docs/design.md against the tree and against a traced all_reduce: a
+    file the map names exists, and a file one all_reduce enters is on the map."""
+    from in_rank import collectives
+
+    small, large = _life_of_an_all_reduce()
+    package = Path(fsdist.__file__).parent
+    for name in small + large:
+        assert (package / name).is_file(), f"docs/design.md's life of an all_reduce names {name}: no such module"
+    small_entered, large_entered = pool_factory(2).run(collectives.files_an_all_reduce_enters, [2, 4 << 20])[0]
+    assert not set(small_entered) - set(small), f"a small all_reduce enters {sorted(set(small_entered) - set(small))}"
+    off_map = set(large_entered) - set(small) - set(large)
+    assert not off_map, f"a large all_reduce enters {sorted(off_map)}, not on the map"

@@ -38,7 +38,7 @@ from .describe import describe, reduction_of
 from .intraop import limited
 from .placement import group_collectives
 from .receives import ReceiveLoop
-from .sparse import all_reduce_sparse, is_sparse
+from .sparse import all_reduce_sparse
 from .staging import Staging
 from .store import DirectoryStore
 from .store_rendezvous import group_generation
@@ -146,7 +146,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def allreduce(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
         tensors, opts = forms.allreduce(tensors, opts)
-        if is_sparse(tensors):  # three dense all_gathers, waited for here (sparse.py)
+        if any(x.is_sparse for x in tensors):  # three dense all_gathers, waited for here (sparse.py)
             all_reduce_sparse(
                 tensors, opts.reduceOp.op, self.size(), lambda outs, x: self.allgather([outs], [x]).wait()
             )

@@ -15,14 +15,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_sparse", "is_sparse"]
+__all__ = ["all_reduce_sparse"]
 
 #: all_gather(outputs, input) over the group, waited for: the adapter's own method.
 Gather = Callable[[list[torch.Tensor], torch.Tensor], object]
-
-
-def is_sparse(tensors: Sequence[torch.Tensor]) -> bool:
-    return any(t.layout == torch.sparse_coo for t in tensors)
 
 
 def all_reduce_sparse(tensors: Sequence[torch.Tensor], op: Any, world: int, gather: Gather) -> None:

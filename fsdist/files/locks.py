@@ -62,6 +62,8 @@ def lock(fd: int, kind: int, path: str = "", on_wait: OnWait | None = None) -> N
     to the server). ``on_wait`` judges a long wait; without one the wait fails after
     LOCK_TIMEOUT_SECONDS.
     """
+    if _try(fd, kind):  # the common case, without a wait's deadline and schedule
+        return
     poll(
         lambda: True if _try(fd, kind) else None,
         Deadline(float("inf") if on_wait is not None else LOCK_TIMEOUT_SECONDS),

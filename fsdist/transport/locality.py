@@ -9,7 +9,7 @@ rewritten and peers' files mapped, and which small all_reduce the algorithms run
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..defaults import ENV_REUSE_FILES
 from ..fs.mounts import is_local
@@ -30,6 +30,15 @@ class Locality:
     #: GlusterFS does; NFS revalidates on open, but only as finely as its change attribute), so
     #: a fresh file per message is the path that is correct everywhere
     reuse_files: bool
+    #: records may be read without the lock first (torn reads retried): one local client, where
+    #: a read costs no server round trip and a write is seen at once
+    optimistic: bool = field(init=False)
+    #: a peer's message may be mapped instead of copied (worth it for large parts)
+    maps_messages: bool = field(init=False)
+
+    def __post_init__(self) -> None:  # plain fields: the hot path reads them without a call
+        object.__setattr__(self, "optimistic", self.one_client and self.local)
+        object.__setattr__(self, "maps_messages", self.reuse_files)
 
     @classmethod
     def of(cls, directory: str, one_client: bool) -> Locality:
@@ -37,14 +46,3 @@ class Locality:
         local = is_local(directory)
         setting = os.environ.get(ENV_REUSE_FILES, "")
         return cls(one_client, local, setting == "1" if setting in ("0", "1") else local)
-
-    @property
-    def optimistic(self) -> bool:
-        """Whether records may be read without the lock first (torn reads retried): one local
-        client, where a read costs no server round trip and a write is seen at once."""
-        return self.one_client and self.local
-
-    @property
-    def maps_messages(self) -> bool:
-        """Whether a peer's message may be mapped instead of copied (worth it for large parts)."""
-        return self.reuse_files

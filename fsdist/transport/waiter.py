@@ -52,14 +52,14 @@ class Waiter:
                         return found
         quiet = False  # the last sleep ended without any wake-up: look anyway
 
-        def rung_and_arrived() -> T | None:
+        def woken_and_arrived() -> T | None:
             return arrived() if self.bell.take_wakeup(peer) or quiet else None
 
         def sleep(seconds: float) -> None:
             nonlocal quiet
             quiet = not self.bell.wait(seconds)
 
-        return poll(rung_and_arrived, deadline, on_timeout, health_check, sleep, WOKEN)
+        return poll(woken_and_arrived, deadline, on_timeout, health_check, sleep, WOKEN)
 
     def for_any(
         self, attempt: Callable[[], T | None], deadline: Deadline, on_timeout: Callable[[], BaseException],

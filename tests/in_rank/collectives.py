@@ -607,3 +607,45 @@ def polls_per_multi_part_operation() -> float:
     finally:
         waiter.poll = real_poll
     return polls[0] / 20
+
+
+def files_an_all_reduce_enters(numels: list[int]) -> list[list[str]]:
+    """For each size: the package's files one all_reduce of that many float32 enters on this
+    rank, in the order first entered (every thread of a fresh group profiled: its worker too)."""
+    import os
+    import sys
+
+    import fsdist
+
+    package = os.path.dirname(fsdist.__file__) + os.sep
+    entered: list[str] = []
+    tracing = [False]
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        name = frame.f_code.co_filename
+        if tracing[0] and event == "call" and name.startswith(package):
+            if (relative := name[len(package) :]) not in entered:
+                entered.append(relative)
+
+    threading.setprofile(profile)  # before the group exists: its threads start profiled
+    try:
+        group = dist.new_group(list(range(dist.get_world_size())))
+        found = []
+        for numel in numels:
+            x = torch.ones(numel)
+            for _ in range(5):
+                dist.all_reduce(x, group=group)
+            dist.barrier(group=group)
+            entered.clear()
+            sys.setprofile(profile)
+            tracing[0] = True
+            dist.all_reduce(x, group=group)
+            tracing[0] = False
+            sys.setprofile(None)
+            found.append(list(entered))
+            dist.barrier(group=group)
+        dist.destroy_process_group(group)
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+        sys.setprofile(None)
+    return found
