@@ -21,7 +21,7 @@ from fsdist.errors import DesyncError, FsdistTimeoutError, PeerFailedError
 from fsdist.protocol.message import Part
 from fsdist.transport.locality import Locality
 
-__all__ = ["MemoryChannel", "MemoryMessage", "MemoryWorld"]
+__all__ = ["MemoryChannel", "MemoryMessage", "MemoryWorld", "run_ranks"]
 
 
 class MemoryMessage:
@@ -89,31 +89,40 @@ class MemoryWorld:
             if peer == rank and (waiters is None or waiter in waiters):
                 self.wakeups[waiter].notify()
 
+    def abort(self, reason: str) -> None:
+        """Fail every rank's wait in this world with ``reason`` (the first reason stays)."""
+        with self.lock:
+            self.aborted = self.aborted or reason
+            self.wake_all()
+
     def run(self, function: Callable[[MemoryChannel], Any]) -> list[Any]:
-        """Run ``function(channel)`` on one thread per rank; the results in rank order.
+        """Run ``function(channel)`` on one thread per rank; the results in rank order."""
+        return run_ranks(self.size, lambda rank: function(MemoryChannel(self, rank)), [self], self.timeout * 2)
 
-        The first error of any rank is raised (after every thread ended or the deadline passed).
-        """
-        results: list[Any] = [None] * self.size
-        errors: list[BaseException] = []
 
-        def rank_main(rank: int) -> None:
-            try:
-                results[rank] = function(MemoryChannel(self, rank))
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller
-                errors.append(exc)
-                with self.lock:
-                    self.aborted = self.aborted or f"rank {rank}: {exc}"
-                    self.wake_all()
+def run_ranks(size: int, main: Callable[[int], Any], worlds: Sequence[MemoryWorld], timeout: float) -> list[Any]:
+    """``main(rank)`` on one thread per rank; the results in rank order. The first error of any
+    rank aborts ``worlds`` (every other rank's wait fails: the test fails, not hangs) and is
+    raised after every thread ended or ``timeout`` passed."""
+    results: list[Any] = [None] * size
+    errors: list[BaseException] = []
 
-        threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(self.size)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(self.timeout * 2)
-        if errors:
-            raise errors[0]
-        return results
+    def rank_main(rank: int) -> None:
+        try:
+            results[rank] = main(rank)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            errors.append(exc)
+            for world in worlds:
+                world.abort(f"rank {rank}: {exc}")
+
+    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(size)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    if errors:
+        raise errors[0]
+    return results
 
 
 class MemoryChannel:

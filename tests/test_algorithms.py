@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import threading
 import time
 from dataclasses import dataclass
 
@@ -25,7 +24,7 @@ from fsdist.collectives.rooted import all_reduce_rooted
 from fsdist.errors import DesyncError
 from fsdist.job.nodes import Nodes
 
-from memory_transport import MemoryChannel, MemoryWorld
+from memory_transport import MemoryChannel, MemoryWorld, run_ranks
 from reference import OPS, PREMUL_FACTOR, make_input, mismatch, reduce_reference, supported
 
 WORLDS = range(1, 9)
@@ -288,29 +287,15 @@ def _run_tiered(layout: tuple[int, ...], body) -> list[list[str]]:
     leaders = MemoryWorld(len(nodes.members)) if len(nodes.members) > 1 else None
     worlds = [w for w in (*node_worlds, leaders) if w is not None]
     results: list[list[str]] = [[] for _ in range(nodes.size)]
-    errors: list[BaseException] = []
 
     def rank_main(rank: int) -> None:
         node = nodes.node_of[rank]
         here = node_worlds[node]
         local = MemoryChannel(here, nodes.local_rank(rank)) if here is not None else None
         cross = MemoryChannel(leaders, node) if leaders is not None and rank == nodes.leader(node) else None
-        try:
-            body(_Tiers(rank, nodes.size, nodes, local, cross), results[rank])
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
-            errors.append(exc)
-            for world in worlds:  # wake every other rank: the test fails, not hangs
-                with world.lock:
-                    world.aborted = world.aborted or f"rank {rank}: {exc}"
-                    world.wake_all()
+        body(_Tiers(rank, nodes.size, nodes, local, cross), results[rank])
 
-    threads = [threading.Thread(target=rank_main, args=(r,), daemon=True) for r in range(nodes.size)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(30)
-    if errors:
-        raise errors[0]
+    run_ranks(nodes.size, rank_main, worlds, 30)
     return results
 
 
