@@ -30,7 +30,7 @@ from .trust import OPEN_FLAGS, check_open, refusal, sharing
 __all__ = ["RUN_QUEUE", "Doorbell", "RunQueue"]
 
 _RETRY_OPEN_SECONDS = 1.0  # a peer whose FIFO could not be opened (another host, not yet made)
-_RING = struct.Struct("<I")  # a ring: the ringer's rank
+_WAKEUP = struct.Struct("<I")  # a wake-up: the waker's rank
 
 
 class Doorbell:
@@ -69,7 +69,7 @@ class Doorbell:
             self._fd = fd
         self._peers: list[int] = [-1] * size
         self._retry_at = [0.0] * size
-        self._ring = _RING.pack(rank)
+        self._wakeup = _WAKEUP.pack(rank)
         #: peers whose wake-ups were drained from the pipe and not taken yet (``take_wakeup``)
         self._woken: set[int] = set()
 
@@ -82,7 +82,7 @@ class Doorbell:
                 if fd < 0:
                     continue
             try:
-                os.write(fd, self._ring)
+                os.write(fd, self._wakeup)
             except BlockingIOError:
                 pass
             except OSError:  # EPIPE: the peer closed its end (it left); never wake it again
@@ -128,7 +128,7 @@ class Doorbell:
                 return False
 
     def take_wakeup(self, peer: int) -> bool:
-        """Whether ``peer`` rang since this was last asked of it (the answer is used up)."""
+        """Whether ``peer`` woke this rank since this was last asked of it (the answer is used up)."""
         if peer in self._woken:
             self._woken.discard(peer)
             return True
@@ -143,7 +143,7 @@ class Doorbell:
             except BlockingIOError:
                 return got
             got = got or bool(raw)
-            for (peer,) in _RING.iter_unpack(raw[: len(raw) - len(raw) % _RING.size]):
+            for (peer,) in _WAKEUP.iter_unpack(raw[: len(raw) - len(raw) % _WAKEUP.size]):
                 if peer < len(self._peers):
                     self._woken.add(peer)
             if len(raw) < 4096:
