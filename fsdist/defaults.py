@@ -89,7 +89,7 @@ GC_EVERY = 8
 #: ahead of its slowest peer until that peer catches up: its unread files stay bounded.
 RUN_AHEAD = 64
 #: ...and before a file that would take its uncollected files past this many bytes it waits
-#: for readers to finish earlier operations' files (transport/retention.py ``make_room``).
+#: for readers to finish earlier operations' files (transport/outbox.py ``make_room``).
 GC_BYTES = 32 << 20
 #: Reusing retired message files (local filesystems only; FSDIST_REUSE_FILES=0 turns it off,
 #: =1 forces it on): at most this many per rank and group, for messages of at least this size
@@ -108,7 +108,7 @@ MAX_UNRECEIVED_SENDS = 256
 #: RING_BYTES (sparse: pages are allocated as written, so a pair that never sends one costs none).
 RING_BYTES = 2 << 20
 RING_MESSAGE_MAX = 512 << 10
-#: A collective message between INLINE_MAX and this goes into its rank's ring file (retention.py)
+#: A collective message between INLINE_MAX and this goes into its rank's ring file (outbox.py)
 #: with where it lies in a record slot; larger ones stay files, whose large parts reductions map.
 COLLECTIVE_RING_MAX = MAP_MIN_BYTES - 1
 

@@ -263,7 +263,7 @@ def test_mid_size_collective_messages_go_through_the_ring_and_its_space_is_reuse
     from fsdist.defaults import COLLECTIVE_RING_MAX, RING_BYTES
 
     reader, writer = _transports(tmp_path)
-    if not writer.retention.spares.enabled:
+    if not writer.outbox.spares.enabled:
         pytest.skip("rings are for local filesystems; tmp_path is not one here")
     numel = COLLECTIVE_RING_MAX // 8 // 4 * 3  # ~3/4 of the largest: a few laps of the ring
     for seq in range(1, 3 * RING_BYTES // (numel * 8) + 2):

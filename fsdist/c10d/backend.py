@@ -3,18 +3,19 @@
 Each method validates its arguments (the same check on every rank, before any communication,
 so a bad call fails everywhere alike), takes the next sequence number in the calling thread,
 and queues the operation on the group's FIFO worker. There its tensors are staged (CUDA and
-non-contiguous ones through contiguous host copies) and placement.Collectives runs the
-algorithm, flat or in two tiers, by name; results are copied back.
+non-contiguous ones through contiguous host copies), the operation enters the channel its
+algorithm runs on (placement.Collectives: flat or in two tiers) and runs there; results are
+copied back.
 
 One class with one method per c10d ProcessGroup entry point reads as a single table from
-torch's call to fsdist's algorithm. What is not that table lives beside it: argument checks in
-checks.py, where each collective runs in placement.py, Work objects and threads in work.py,
-staging in staging.py, pybind's call forms in call_forms.py, the group's generation in
-store_rendezvous.py.
+torch's call to fsdist's algorithm. What is not that table lives beside it: call forms, checks,
+descriptions and staging in arguments.py, where each collective runs in placement.py, Work
+objects and threads in work.py, the group's generation in store_rendezvous.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -31,15 +32,14 @@ from ..files.waiting import Deadline
 from ..job.generation import Generation
 from ..job.liveness import Heartbeat
 from ..transport.p2p import Mailbox, PendingReceive
-from . import call_forms as forms
-from . import checks, compat
-from .debug import OpLog, tensor_bytes
-from .describe import describe, reduction_of
+from . import arguments as args
+from . import compat
+from .arguments import Staging, bytes_moved, describe, reduction_of
+from .debug import OpLog
 from .intraop import limited
 from .placement import group_collectives
 from .receives import ReceiveLoop
 from .sparse import all_reduce_sparse
-from .staging import Staging
 from .store import DirectoryStore
 from .store_rendezvous import group_generation
 from .work import FsdistWork, OpQueue, StagedWork
@@ -51,6 +51,7 @@ __all__ = ["ProcessGroupFsdist", "create_process_group"]
 Tensors = Sequence[torch.Tensor]
 #: an operation's arguments to its algorithm (beside the transport), from its staged tensors
 Arguments = Callable[[Staging], tuple[Any, ...]]
+_UNTIMED = contextlib.nullcontext()  # an operation's timing when debug records are off (debug.py)
 
 
 class ProcessGroupFsdist(dist.ProcessGroup):
@@ -111,16 +112,18 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         with self._seq_lock:
             self._seq += 1
             seq = self._seq
-        nbytes = tensor_bytes(inputs, outputs)
+        nbytes = bytes_moved(inputs, outputs)
 
         def execute() -> None:
-            with self._ops.timed(seq, description, nbytes):
+            with self._ops.timed(seq, description, nbytes) if self._ops.on else _UNTIMED:
                 try:
                     staging = Staging()
                     grad = torch.is_grad_enabled()
                     compat.set_grad_enabled(False)  # as torch.no_grad(): in-place writes into leaves
                     try:
-                        self._collectives.run(seq, description, name, *arguments(staging))
+                        channel, algorithm = self._collectives.forms[name]
+                        channel.enter(seq, description)
+                        algorithm(channel, *arguments(staging))
                         staging.finish()
                     finally:
                         compat.set_grad_enabled(grad)
@@ -139,13 +142,13 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     # ---- collectives ----------------------------------------------------------------------
 
     def broadcast(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
-        tensors, opts = forms.rooted(tensors, opts, dist.BroadcastOptions)
-        root = checks.root(opts.rootRank, self.size())
+        tensors, opts = args.rooted(tensors, opts, dist.BroadcastOptions)
+        root = args.root(opts.rootRank, self.size())
         desc = describe("broadcast", tensors, root=root)
         return self._submit(desc, list(tensors), "broadcast", lambda s: ([s.inout(x) for x in tensors], root))
 
     def allreduce(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
-        tensors, opts = forms.allreduce(tensors, opts)
+        tensors, opts = args.allreduce(tensors, opts)
         if any(x.is_sparse for x in tensors):  # three dense all_gathers, waited for here (sparse.py)
             all_reduce_sparse(
                 tensors, opts.reduceOp.op, self.size(), lambda outs, x: self.allgather([outs], [x]).wait()
@@ -156,7 +159,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return self._allreduce(tensors, opts, "all_reduce")
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
-        tensors, opts = forms.allreduce(tensors, opts, dist.AllreduceCoalescedOptions)
+        tensors, opts = args.allreduce(tensors, opts, dist.AllreduceCoalescedOptions)
         return self._allreduce(tensors, opts, "all_reduce_coalesced")
 
     def _allreduce(self, tensors: list[torch.Tensor], opts: Any, name: str) -> FsdistWork:
@@ -166,18 +169,18 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return self._submit(desc, list(tensors), "all_reduce", lambda s: ([s.inout(x) for x in tensors], reduction))
 
     def reduce(self, tensors: Tensors, opts: Any = None, op: Any = None) -> FsdistWork:
-        tensors, opts = forms.reduce(tensors, opts, op)
-        root = checks.root(opts.rootRank, self.size())
+        tensors, opts = args.reduce(tensors, opts, op)
+        root = args.root(opts.rootRank, self.size())
         reduction = reduction_of(opts.reduceOp, tensors)
-        (tensor,) = checks.exactly_one(tensors, "reduce")
+        (tensor,) = args.exactly_one(tensors, "reduce")
         desc = describe("reduce", tensors, root=root, reduction=reduction)
         return self._submit(desc, [tensor], "reduce", lambda s: (s.inout(tensor), root, reduction))
 
     def allgather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
-        output_lists, inputs = forms.allgather(output_lists, inputs)
-        (tensor,) = checks.exactly_one(inputs, "all_gather")
-        (outputs,) = checks.exactly_one(output_lists, "all_gather outputs")
-        checks.same_list(outputs, tensor, self.size(), "all_gather")
+        output_lists, inputs = args.allgather(output_lists, inputs)
+        (tensor,) = args.exactly_one(inputs, "all_gather")
+        (outputs,) = args.exactly_one(output_lists, "all_gather outputs")
+        args.same_list(outputs, tensor, self.size(), "all_gather")
         return self._all_gather("all_gather", [[out] for out in outputs], [tensor], list(outputs))
 
     def allgather_coalesced(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
@@ -185,7 +188,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             raise ValueError(f"all_gather_coalesced needs {self.size()} output lists, got {len(output_lists)}")
         for outputs in output_lists:
             for out, tensor in zip(outputs, inputs, strict=True):
-                checks.same(out, tensor, "all_gather_coalesced")
+                args.same(out, tensor, "all_gather_coalesced")
         flat = [out for outputs in output_lists for out in outputs]
         return self._all_gather("all_gather_coalesced", output_lists, inputs, flat)
 
@@ -219,13 +222,13 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return self._submit(describe(name, inputs), list(outputs), "all_gather", arguments, inputs)
 
     def gather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
-        output_lists, inputs, opts = forms.gather(output_lists, inputs, opts)
-        root = checks.root(opts.rootRank, self.size())
-        (tensor,) = checks.exactly_one(inputs, "gather")
+        output_lists, inputs, opts = args.gather(output_lists, inputs, opts)
+        root = args.root(opts.rootRank, self.size())
+        (tensor,) = args.exactly_one(inputs, "gather")
         outputs: Tensors = []
         if self.rank() == root:
-            (outputs,) = checks.exactly_one(output_lists, "gather outputs")
-            checks.same_list(outputs, tensor, self.size(), "gather")
+            (outputs,) = args.exactly_one(output_lists, "gather outputs")
+            args.same_list(outputs, tensor, self.size(), "gather")
         elif output_lists and any(output_lists):
             raise ValueError("gather: only the root may pass output tensors")
         desc = describe("gather", inputs, root=root)
@@ -234,13 +237,13 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         )
 
     def scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any = None) -> FsdistWork:
-        outputs, input_lists, opts = forms.scatter(outputs, input_lists, opts)
-        root = checks.root(opts.rootRank, self.size())
-        (output,) = checks.exactly_one(outputs, "scatter")
+        outputs, input_lists, opts = args.scatter(outputs, input_lists, opts)
+        root = args.root(opts.rootRank, self.size())
+        (output,) = args.exactly_one(outputs, "scatter")
         inputs: Tensors = []
         if self.rank() == root:
-            (inputs,) = checks.exactly_one(input_lists, "scatter inputs")
-            checks.same_list(inputs, output, self.size(), "scatter")
+            (inputs,) = args.exactly_one(input_lists, "scatter inputs")
+            args.same_list(inputs, output, self.size(), "scatter")
         elif input_lists and any(input_lists):
             raise ValueError("scatter: only the root may pass input tensors")
         desc = describe("scatter", outputs, root=root)
@@ -249,11 +252,11 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         )
 
     def reduce_scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any = None) -> FsdistWork:
-        outputs, input_lists, opts = forms.reduce_scatter(outputs, input_lists, opts)
+        outputs, input_lists, opts = args.reduce_scatter(outputs, input_lists, opts)
         reduction = reduction_of(opts.reduceOp, outputs)
-        (output,) = checks.exactly_one(outputs, "reduce_scatter")
-        (inputs,) = checks.exactly_one(input_lists, "reduce_scatter inputs")
-        checks.same_list(inputs, output, self.size(), "reduce_scatter")
+        (output,) = args.exactly_one(outputs, "reduce_scatter")
+        (inputs,) = args.exactly_one(input_lists, "reduce_scatter inputs")
+        args.same_list(inputs, output, self.size(), "reduce_scatter")
         desc = describe("reduce_scatter", outputs, reduction=reduction)
         return self._submit(
             desc, [output], "reduce_scatter",
@@ -266,7 +269,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(
         self, outputs: Tensors, inputs: Tensors, opts: Any = None, name: str = "reduce_scatter_tensor_coalesced"
     ) -> FsdistWork:
-        opts = forms.options(opts, dist.ReduceScatterOptions)
+        opts = args.options(opts, dist.ReduceScatterOptions)
         reduction = reduction_of(opts.reduceOp, outputs)
         for out, tensor in zip(outputs, inputs, strict=True):
             if tensor.numel() != out.numel() * self.size() or out.dtype != tensor.dtype:
@@ -274,7 +277,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
         def arguments(s: Staging) -> tuple[Any, ...]:
             pieces = [
-                [p.view(o.shape) for p in checks.split_even(s.input(x), self.size())]
+                [p.view(o.shape) for p in args.split_even(s.input(x), self.size())]
                 for x, o in zip(inputs, outputs, strict=True)
             ]
             return [s.output(o) for o in outputs], pieces, reduction
@@ -295,8 +298,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list[int], input_splits: list[int],
         opts: Any = None,
     ) -> FsdistWork:  # fmt: skip
-        out_splits = checks.splits(output, output_splits, self.size(), "output")
-        in_splits = checks.splits(tensor, input_splits, self.size(), "input")
+        out_splits = args.splits(output, output_splits, self.size(), "output")
+        in_splits = args.splits(tensor, input_splits, self.size(), "input")
 
         def arguments(s: Staging) -> tuple[Any, ...]:
             outs = list(s.output(output).split(out_splits)) if output.dim() else [s.output(output)]
@@ -318,13 +321,14 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def send(self, tensors: Tensors, dst: int, tag: int) -> FsdistWork:
         """Buffered: publish the message now (in the caller's thread) and return a finished Work."""
-        checks.peer(dst, "send to", self.rank(), self.size())
+        args.peer(dst, "send to", self.rank(), self.size())
         desc = describe("send", tensors, tag=tag)
         staging = Staging()
         hosts = [staging.input(x) for x in tensors]
         work = FsdistWork(list(tensors), desc)
         try:  # its copy into a file runs as the worker's would (intraop.py)
-            with self._ops.timed(None, f"{desc} to {dst}", tensor_bytes(tensors)), limited(REDUCE_THREADS):
+            timed = self._ops.timed(None, f"{desc} to {dst}", bytes_moved(tensors)) if self._ops.on else _UNTIMED
+            with timed, limited(REDUCE_THREADS):
                 self._t.send(dst, hosts, tag, desc)
         except BaseException as error:  # noqa: BLE001
             work.complete(error)
@@ -333,7 +337,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return work
 
     def recv(self, tensors: Tensors, src: int, tag: int) -> FsdistWork:
-        checks.peer(src, "receive from", self.rank(), self.size())
+        args.peer(src, "receive from", self.rank(), self.size())
         return self._post_receive(tensors, src, tag)
 
     def recv_anysource(self, tensors: Tensors, tag: int) -> FsdistWork:
@@ -350,7 +354,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         hosts = [staging.output(x) for x in tensors]
         work = StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)
         if self._ops.on:
-            start, nbytes = time.perf_counter(), tensor_bytes(tensors)
+            start, nbytes = time.perf_counter(), bytes_moved(tensors)
 
             def report(error: BaseException | None, source: int | None) -> None:
                 what = f"{work.description} from {source if source is not None else src}"

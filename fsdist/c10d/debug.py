@@ -7,7 +7,7 @@ the ``fsdist.ops`` logger; each carries its fields as attributes too (``record.f
 filters and structured handlers.
 
 Off, it costs nothing per operation: a process group asks ``enabled()`` once when it is created
-and skips timing and formatting entirely when the answer is no.
+and, when the answer is no, never calls in here again.
 """
 
 from __future__ import annotations
@@ -17,13 +17,11 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
-
-import torch
+from collections.abc import Iterator
 
 from ..defaults import ENV_DEBUG
 
-__all__ = ["OpLog", "enabled", "log_op", "tensor_bytes"]
+__all__ = ["OpLog", "enabled", "log_op"]
 
 log = logging.getLogger("fsdist.ops")
 _configured = False
@@ -51,15 +49,6 @@ def enabled() -> bool:
                 handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
                 package.addHandler(handler)
     return log.isEnabledFor(logging.DEBUG)
-
-
-def tensor_bytes(*groups: Iterable[torch.Tensor]) -> int:
-    """Bytes of the distinct tensors involved (a tensor used as input and output counts once)."""
-    seen: dict[int, int] = {}
-    for tensors in groups:
-        for tensor in tensors:
-            seen[id(tensor)] = tensor.numel() * tensor.element_size()
-    return sum(seen.values())
 
 
 def log_op(
@@ -99,12 +88,10 @@ class OpLog:
     def record(self, seq: int | None, description: str, nbytes: int, seconds: float, error: str = "") -> None:
         log_op(self.rank, self.group, seq, description, nbytes, seconds, error)
 
-    def timed(self, seq: int | None, description: str, nbytes: int) -> contextlib.AbstractContextManager[None]:
-        """Record what runs inside, how long it took and how it failed (the error goes on)."""
-        return self._timed(seq, description, nbytes) if self.on else contextlib.nullcontext()
-
     @contextlib.contextmanager
-    def _timed(self, seq: int | None, description: str, nbytes: int) -> Iterator[None]:
+    def timed(self, seq: int | None, description: str, nbytes: int) -> Iterator[None]:
+        """Record what runs inside, how long it took and how it failed (the error goes on).
+        Callers enter it only when ``on``: off, an operation never enters this module."""
         start, error = time.perf_counter(), ""
         try:
             yield

@@ -1,8 +1,8 @@
 """Where a group's collectives run, flat or in two tiers, and the chooser that runs each there.
 
 Two tiers: the node's ranks in a node-local directory, one leader per node in the shared one;
-decided alike on every rank of the group when the group is made (``two_tiers``), then
-``Collectives`` runs each operation's algorithm in the form decided. The decision reads only
+decided alike on every rank of the group when the group is made (``two_tiers``), when
+``Collectives`` also binds each operation to its algorithm in the form decided. The decision reads only
 what every rank read from the same rendezvous record (each member's node and machine) and
 FSDIST_ALGO, which could differ between ranks and is therefore checked against rank 0's
 through the store.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
-from typing import Any
 
 from .. import collectives as coll
 from ..collectives import hierarchical as hier
@@ -28,9 +27,11 @@ from ..transport.locality import Locality
 from ..transport.tiers import NodeTiers
 from .store import DirectoryStore
 
-__all__ = ["Collectives", "group_collectives", "two_tiers"]
+__all__ = ["Channel", "Collectives", "group_collectives", "two_tiers"]
 
 Algorithm = Callable[..., None]
+#: where a collective runs: the group's one directory, or its two tiers (each has ``enter``)
+Channel = GroupTransport | NodeTiers
 #: each collective's flat form (collectives/) and two-tier form (collectives/hierarchical.py),
 #: called alike: (channel, *args); None where the operation has no two-tier form
 FORMS: dict[str, tuple[Algorithm, Algorithm | None]] = {
@@ -52,16 +53,12 @@ class Collectives:
 
     def __init__(self, flat: GroupTransport, tiers: NodeTiers | None) -> None:
         self.flat, self.tiers = flat, tiers
-
-    def run(self, seq: int, description: str, name: str, *args: Any) -> None:
-        """Enter operation ``seq`` where it runs, and run its algorithm ``name`` (FORMS) with ``args``."""
-        flat_form, tiered_form = FORMS[name]
-        if tiered_form is not None and self.tiers is not None:
-            self.tiers.enter(seq, description)
-            tiered_form(self.tiers, *args)
-        else:
-            self.flat.enter(seq, description)
-            flat_form(self.flat, *args)
+        #: each collective's (where it runs, its algorithm there), FORMS chosen once for the
+        #: group: the adapter enters the channel and calls the algorithm with it, no lookup between
+        self.forms: dict[str, tuple[Channel, Algorithm]] = {
+            name: (tiers, tiered) if tiered is not None and tiers is not None else (flat, flat_form)
+            for name, (flat_form, tiered) in FORMS.items()
+        }
 
     def abort(self, reason: str) -> None:
         """Fail the group in every tier: each tier's waiters, on every node, end with ``reason``."""

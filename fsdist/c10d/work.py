@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from ..defaults import HANDOFF_SECONDS, INLINE_RUN_BYTES, REDUCE_THREADS
 from ..errors import FsdistTimeoutError, GroupBrokenError
+from .arguments import Staging
 from .intraop import SERIAL_BYTES, limit_this_thread, limited
-from .staging import Staging
 
 log = logging.getLogger(__name__)
 

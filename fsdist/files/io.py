@@ -36,6 +36,14 @@ def retrying(call: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
+def retried(error: OSError, call: Callable[[], T]) -> T:
+    """``call`` again, its first try (made in place, where the hot paths need no closure) having
+    failed with ``error``: raised at once unless it is transient, else ``retrying``."""
+    if error.errno not in _RETRYABLE:
+        raise error
+    return retrying(call)
+
+
 def open_file(path: str, flags: int, max_size: int | None = None, what: str = "") -> int:
     """``os.open`` that never follows a symlink, never blocks, and retries transient errors.
 

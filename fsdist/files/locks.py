@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 
 from ..defaults import LOCK_TIMEOUT_SECONDS
 from ..errors import FsdistTimeoutError, ProtocolError
-from .io import open_file, retrying, unlink_quietly
+from .io import open_file, retried, retrying, unlink_quietly
 from .seal import TAG_BYTES, Seal, seal
 from .trust import size_checked
 from .waiting import LOCKING, Deadline, poll
@@ -187,7 +187,10 @@ class LockedRecord:
         (transport/progress.py), on local filesystems, where every process shares one page
         cache. It saves the lock and unlock (~3 µs with Python's share, of a ~75 µs operation).
         """
-        return retrying(lambda: os.pread(self._fd, size, offset))
+        try:
+            return os.pread(self._fd, size, offset)
+        except OSError as exc:
+            return retried(exc, lambda: os.pread(self._fd, size, offset))
 
     def try_read(self, offset: int = 0, size: int | None = None) -> bytes | None:
         """Like ``read``, or None at once if a writer holds the lock: for a watcher that must not
@@ -235,7 +238,10 @@ class LockedRecord:
         view = memoryview(buffer)
         done = 0
         while done < size:  # a record shorter than asked (not yet written) reads short
-            got = retrying(lambda: os.preadv(self._fd, [view[done:]], offset + done))
+            try:
+                got = os.preadv(self._fd, [view[done:]], offset + done)
+            except OSError as exc:
+                got = retried(exc, lambda: os.preadv(self._fd, [view[done:]], offset + done))
             if got == 0:
                 break
             done += got
@@ -243,7 +249,10 @@ class LockedRecord:
 
     def _write_unlocked(self, data: bytes, offset: int) -> None:
         try:
-            written = retrying(lambda: os.pwrite(self._fd, data, offset))
+            try:
+                written = os.pwrite(self._fd, data, offset)
+            except OSError as first:
+                written = retried(first, lambda: os.pwrite(self._fd, data, offset))
         except OSError as exc:  # EIO, ENOSPC, EDQUOT...: say which file
             raise OSError(exc.errno, exc.strerror, self.path) from exc
         if written != len(data):

@@ -13,7 +13,7 @@ an older slot beside a newer header, and is read again under the lock: transport
     20      2     length of the description in bytes (<= 208)
     22      2     zero
     24      8     history hash after operation seq (uint64)
-    32      208   the operation's description, UTF-8, zero-padded (describe.py's text)
+    32      208   the operation's description, UTF-8, zero-padded (c10d/arguments.py `describe`)
     240     16    tag of bytes 0-239 (files/seal.py: a CRC-32 and zeros, or a MAC)
     256     4·2K  INLINE_SLOTS inline slots of INLINE_SLOT_BYTES each (below)
     8448    N·8K+ a pair area per peer p (PAIR_AREA bytes, at pair_offset(p)), for point to point:

@@ -1,10 +1,11 @@
 """One process group's transport over files: the two channels (interfaces.py) on one directory.
 
 Three parts, each a job of its own: ``Progress`` (this rank's state record, its peers', the waits
-on them and desync detection), ``Retention`` (this rank's messages until its peers are past them,
-spare files, the run-ahead bound) and ``Pairs`` (point-to-point messages and their counters).
-GroupTransport joins them into what the collectives (a CollectiveChannel) and point-to-point
-matching (a PointToPointChannel) see, and orders what happens when an operation starts.
+on them and desync detection), ``Outbox`` (where this rank's messages go and how long they are
+kept: until its peers are past them, spare files, the run-ahead bound) and ``Pairs``
+(point-to-point messages and their counters). GroupTransport joins them into what the
+collectives (a CollectiveChannel) and point-to-point matching (a PointToPointChannel) see, and
+orders what happens when an operation starts.
 
 Messages are files written once (files/io.py ``publish``, or rewritten spares) and named by what
 they are (protocol/layout.py), so a reader that knows (peer, operation, step) knows the path.
@@ -18,21 +19,19 @@ from collections.abc import Sequence
 
 import torch
 
-from ..defaults import COLLECTIVE_RING_MAX, GC_EVERY
+from ..defaults import GC_EVERY
 from ..errors import PeerFailedError, ProtocolError
 from ..files.io import remove_tree
 from ..files.locks import Counter
 from ..files.trust import make_private_dir
 from ..job.liveness import PeerWatch
 from ..protocol import layout
-from . import outbox
 from .incoming import FileMessage, PeerRings, open_incoming
 from .interfaces import Incoming
 from .locality import Locality
+from .outbox import InSlot, Outbox
 from .pairs import Pairs
 from .progress import Progress
-from .retention import Retention
-from .spares import SpareFile
 
 __all__ = ["GroupTransport"]
 
@@ -56,24 +55,25 @@ class GroupTransport:
             directory, rank, size, watch, timeout, names, tier, optimistic=self.locality.optimistic
         )
         self._entered = 0
-        self.retention = Retention(self.progress, self.locality.reuse_files)
-        self._mapped = self.retention.spares.mapped if self.locality.maps_messages else None
+        self.outbox = Outbox(self.progress, self.locality.reuse_files)
+        self._mapped = self.outbox.spares.mapped if self.locality.maps_messages else None
         self._peer_rings = PeerRings()
-        self.pairs = Pairs(self.progress, self.retention, self.locality)
+        self.pairs = Pairs(self.progress, self.outbox, self.locality)
 
     # ---- an operation starts ------------------------------------------------------------
 
     def enter(self, seq: int, description: str) -> None:
         """Announce that this rank started operation ``seq``, described by ``description``."""
         self.progress.enter(seq, description)
-        self.pairs.flush_acknowledgements()  # a peer blocked on its send cap may be needed here
+        if self.pairs.ack_due:  # a peer blocked on its send cap may be needed here
+            self.pairs.flush_acknowledgements()
         self._entered += 1  # a tier of a two-tier group sees only some of the group's operations
-        self.retention.collect_if_due(self._entered)
+        self.outbox.collect_if_due(self._entered)
         if self._entered % GC_EVERY == 0:
             reason = self.progress.aborted.known()  # a rank that never waits must still hear of failures
             if reason is not None:
                 raise PeerFailedError(f"{self.progress.where()}: the group was aborted: {reason}")
-        self.retention.hold_back_if_ahead(seq)
+        self.outbox.hold_back_if_ahead(seq)
 
     # ---- CollectiveChannel --------------------------------------------------------------
 
@@ -84,20 +84,8 @@ class GroupTransport:
         in a slot of this rank's record, written with the step (or pointing into its ring file),
         or as a file (outbox.py). ``readers`` (interfaces.py) lets its space be reused as soon as
         they are past it."""
-        seq, description = self.progress.seq, self.progress.description
-        name = layout.message_name(self.rank, seq, step)
-
-        def write(buffers: Sequence[memoryview | bytes], size: int) -> tuple[str, SpareFile | None]:
-            self.retention.make_room(size)
-            return self.retention.write(name, buffers, size)
-
-        where = outbox.place(
-            seq, tag, description, tensors, self.progress.collective_seal(self.rank, step),
-            free_slot=self.retention.free_slot, ring=self.retention.ring_writer, ring_max=COLLECTIVE_RING_MAX,
-            write=write,
-        )  # fmt: skip
-        self.retention.keep(seq, step, readers, where)
-        if isinstance(where, outbox.InSlot):
+        where = self.outbox.publish(step, tag, tensors, self.progress.collective_seal(self.rank, step), readers)
+        if isinstance(where, InSlot):
             self.progress.advance_inline(step, where.slot, where.data, readers)
         else:
             self.progress.advance(step, readers)
@@ -112,14 +100,17 @@ class GroupTransport:
         """Open ``peer``'s message for (current operation, ``step``); call ``wait_for`` first."""
         progress = self.progress
         check = progress.collective_seal(peer, step)
-        path = os.path.join(self.directory, layout.message_name(peer, progress.seq, step))
+
+        def path() -> str:
+            return os.path.join(self.directory, layout.message_name(peer, progress.seq, step))
+
         # optimistic reads: a file is opened before the record is read again under the lock to
         # confirm there is none (a message is either inline or a file, so a file found is it)
         slot = progress.inline_message(peer, step, confirm=not progress.optimistic)
         try:
             if slot is None and progress.optimistic:
                 try:
-                    return self._checked(peer, FileMessage(path, check, self._mapped))
+                    return self._checked(peer, FileMessage(path(), check, self._mapped))
                 except FileNotFoundError:
                     slot = progress.inline_message(peer, step)
             try:
@@ -191,7 +182,7 @@ class GroupTransport:
         self.pairs.flush_acknowledgements()  # a sender may still wait for them before it sees this rank leave
         self.progress.close()
         self.pairs.close()
-        self.retention.close()  # before counting out: the last rank removes the directory
+        self.outbox.close()  # before counting out: the last rank removes the directory
         self._peer_rings.close()
         with Counter(os.path.join(self.directory, layout.CLOSED_FILE)) as closed:
             last = closed.add(1) == self.size

@@ -42,15 +42,16 @@ _R = TypeVar("_R", bound="_Reader")
 
 
 def open_incoming(
-    slot: bytes | None, where: str, path: str, ring: Callable[[], tuple[int, str]], check: Seal,
+    slot: bytes | None, where: str, path: Callable[[], str], ring: Callable[[], tuple[int, str]], check: Seal,
     mapped: MappedFiles | None,
 ) -> InlineMessage | RingMessage | FileMessage:  # fmt: skip
     """The message a sender's record slot holds (``slot``), or points to in its ring file (``ring``
-    gives a descriptor of it and its path), or, with no slot, the file ``path``. ``where`` names the slot in
-    errors; ``check`` is the seal of the message's identity; ``mapped``: the rank's kept
-    mappings, where large parts of files are read through them (local filesystems)."""
+    gives a descriptor of it and its path), or, with no slot, the file ``path()`` names (asked
+    only then). ``where`` names the slot in errors; ``check`` is the seal of the message's
+    identity; ``mapped``: the rank's kept mappings, where large parts of files are read through
+    them (local filesystems)."""
     if slot is None:
-        return FileMessage(path, check, mapped)
+        return FileMessage(path(), check, mapped)
     ref = parse_ring_ref(slot, RING_BYTES, where)
     if ref is None:
         return InlineMessage(slot, where, check)

@@ -26,12 +26,11 @@ from ..files.doorbell import Doorbell
 from ..files.seal import Seal
 from ..files.waiting import poll
 from ..protocol import layout, state_record
-from . import outbox
 from .incoming import PeerRings, open_incoming
 from .interfaces import Incoming
 from .locality import Locality
+from .outbox import InSlot, Outbox, place
 from .progress import Progress
-from .retention import Retention
 from .rings import SendRing
 
 __all__ = ["RIDE_AREAS", "Pairs"]
@@ -46,9 +45,9 @@ RIDE_AREAS = 3
 class Pairs:
     """This rank's sending and receiving counters, and its point-to-point messages."""
 
-    def __init__(self, progress: Progress, retention: Retention, locality: Locality) -> None:
+    def __init__(self, progress: Progress, outbox: Outbox, locality: Locality) -> None:
         self._progress = progress
-        self._retention = retention
+        self._outbox = outbox
         self.directory = progress.directory
         size = progress.size
         self._sent = [0] * size
@@ -62,8 +61,9 @@ class Pairs:
         self._areas = [bytearray(state_record.PAIR_AREA) for _ in range(size)]
         self._area_lock = threading.Lock()
         self._own_seal = progress.seals[progress.rank]  # (the counters' tags: this rank's record's)
-        #: acknowledgements not written yet (peer -> received count; see ``acknowledge``)
-        self._ack_due: dict[int, int] = {}
+        #: acknowledgements not written yet (peer -> received count; see ``acknowledge``), read
+        #: by a collective's enter to call ``flush_acknowledgements`` only when there are some
+        self.ack_due: dict[int, int] = {}
         #: each peer's pair area for this rank, as read by the last ``sent_to_me``
         self._seen: list[bytes] = [b""] * size
         self._seen_unlocked = [False] * size  # (read without the lock: see ``sent_to_me``)
@@ -74,7 +74,7 @@ class Pairs:
         self._all_ring = False  # every peer found on this host (asked again until it is)
         #: mid-size messages go through ring files where files are reused (local filesystems)
         self._rings_enabled = INLINE and locality.reuse_files
-        self._mapped = retention.spares.mapped if locality.maps_messages else None
+        self._mapped = outbox.spares.mapped if locality.maps_messages else None
         self._send_rings: dict[int, SendRing] = {}
         self._read_rings = PeerRings()
 
@@ -89,14 +89,14 @@ class Pairs:
                 self._wait_for_receiver(dst)
             index = self._sent[dst]
             name = layout.p2p_name(self._progress.rank, dst, index)
-            where = outbox.place(
+            where = place(
                 index, tag, description, tensors, self._seal(self._progress.rank, dst, index),
                 free_slot=lambda: index % state_record.P2P_SLOTS if self._slot_free(dst, index) else None,
                 ring=(lambda buffers, size: self._place_in_ring(dst, index, buffers, size)) if self._rings_enabled
                 else None,
-                ring_max=RING_MESSAGE_MAX, write=lambda buffers, size: self._retention.write(name, buffers, size),
+                ring_max=RING_MESSAGE_MAX, write=lambda buffers, size: self._outbox.write(name, buffers, size),
             )  # fmt: skip
-            if isinstance(where, outbox.InSlot):
+            if isinstance(where, InSlot):
                 self._put_in_slot(dst, index, where.data)
             else:
                 if where.spare is not None:
@@ -131,7 +131,7 @@ class Pairs:
         rank last wrote them (it is their only writer), so what changes is only the counters."""
         first = last = dst
         riding = []
-        for src in sorted(self._ack_due, key=lambda peer: abs(peer - dst)):  # nearest first
+        for src in sorted(self.ack_due, key=lambda peer: abs(peer - dst)):  # nearest first
             if max(last, src) - min(first, src) < RIDE_AREAS:
                 riding.append(src)
                 first, last = min(first, src), max(last, src)
@@ -139,7 +139,7 @@ class Pairs:
             self._progress.write_own(bytes(self._areas[dst][:end]), state_record.pair_offset(dst))
             return
         for src in riding:
-            self._set_counters(src, self._counters_written(src)[0], self._ack_due.pop(src))
+            self._set_counters(src, self._counters_written(src)[0], self.ack_due.pop(src))
         image = b"".join(self._areas[peer] for peer in range(first, last))
         image += self._areas[last][: end if last == dst else state_record.PAIR_COUNTERS_SIZE]
         self._progress.write_own(image, state_record.pair_offset(first))
@@ -216,24 +216,24 @@ class Pairs:
         with self._area_lock:
             near = range(max(0, src - RIDE_AREAS + 1), min(len(self._sent), src + RIDE_AREAS))
             carried = any(self._sent[peer] > 0 for peer in near)
-            if src in self._ack_due or not carried:
-                self._ack_due.pop(src, None)
+            if src in self.ack_due or not carried:
+                self.ack_due.pop(src, None)
                 self._write_counters(src, self._counters_written(src)[0], received)
             else:
-                self._ack_due[src] = received
+                self.ack_due[src] = received
 
     def flush_acknowledgements(self) -> None:
         """Write every acknowledgement held back (this rank is about to wait, or enters a collective)."""
-        if not self._ack_due:
+        if not self.ack_due:
             return
         with self._area_lock:
-            for src, received in self._ack_due.items():
+            for src, received in self.ack_due.items():
                 self._write_counters(src, self._counters_written(src)[0], received)
-            self._ack_due.clear()
+            self.ack_due.clear()
 
     def _received_to_write(self, peer: int) -> int:
         """The received count for ``peer`` that a write of its counters carries (the area lock is held)."""
-        due = self._ack_due.pop(peer, None)
+        due = self.ack_due.pop(peer, None)
         return self._counters_written(peer)[1] if due is None else due
 
     def _counters_written(self, peer: int) -> tuple[int, int]:
@@ -260,9 +260,11 @@ class Pairs:
         if slot is not None:
             self._inline_open.add((src, index))
         where = f"{self._progress.state_path(src)} (message #{index} to rank {self._progress.rank})"
-        path = os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index))
         check = self._seal(src, self._progress.rank, index)
-        return open_incoming(slot, where, path, lambda: self._ring_to_read(src), check, self._mapped)
+        return open_incoming(
+            slot, where, lambda: os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index)),
+            lambda: self._ring_to_read(src), check, self._mapped,
+        )  # fmt: skip
 
     def _seal(self, src: int, dst: int, index: int) -> Seal:
         return self._progress.p2p_seal(src, dst, index)
@@ -274,7 +276,7 @@ class Pairs:
             self._inline_open.discard((src, index))
             return
         path = os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index))
-        self._retention.spares.give_back(path, size)
+        self._outbox.spares.give_back(path, size)
 
     def wait_for_sends(self, seconds: float) -> None:
         self.flush_acknowledgements()  # a sender may be waiting for them

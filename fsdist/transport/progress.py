@@ -265,7 +265,7 @@ class Progress:
                 return
             self._write()
         self.waiter.for_peer(
-            peer, arrived, self.deadline(), lambda: self.timed_out(peer, f"step {step}"),
+            peer, arrived, self.timeout, lambda: self.timed_out(peer, f"step {step}"),
             lambda _: self.check_health(peer),
         )  # fmt: skip
 
@@ -275,7 +275,7 @@ class Progress:
         A rank whose waits all end at once (a broadcast reader behind its root) would otherwise
         never write its record: the peer could not learn that its messages were read, so it
         kept them (no spare to reuse, no inline slot free, files piling up) until its run-ahead
-        bound stopped it, and may be waiting for that now (Retention.make_room): woken too.
+        bound stopped it, and may be waiting for that now (Outbox.make_room): woken too.
         """
         self._write()
         self.bell.wake([peer])

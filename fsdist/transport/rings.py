@@ -9,15 +9,15 @@ one ``pwritev``; the record slot that would hold a small message holds where it 
 with the pair's counters in the one locked write as before. The receiver reads it with
 ``preadv`` straight into the tensor.
 
-Collectives use the same ring, one per rank (``ring<rank>``, retention.py): a message of up to
+Collectives use the same ring, one per rank (``ring<rank>``, outbox.py): a message of up to
 COLLECTIVE_RING_MAX that does not fit a slot, its reference in the slot with the step, its space
 reused once every reader is past it (the slot's rule); numbered in publishing order, which is
-the order retention frees them in.
+the order the outbox frees them in.
 
 Space is reused once the receiver's ``received`` counter passes the message's index. The
 counter counts, it does not say which: a receiver that leaves a message for later (another tag
 came first) copies it out first (``Incoming.keep``). Network filesystems never use rings:
-another client may cache old pages of the file (the same rule as spares, retention.py).
+another client may cache old pages of the file (the same rule as spares, outbox.py).
 """
 
 from __future__ import annotations

@@ -36,13 +36,14 @@ class Waiter:
         self._local_ranks = 0  # ranks of the group on this machine (see ``cores_to_spin``)
 
     def for_peer(
-        self, peer: int, arrived: Callable[[], T | None], deadline: Deadline, on_timeout: Callable[[], BaseException],
+        self, peer: int, arrived: Callable[[], T | None], timeout: float, on_timeout: Callable[[], BaseException],
         health_check: Callable[[float], None],
     ) -> T:  # fmt: skip
         """Until ``arrived()`` returns something (it reads ``peer``'s record): by ``peer``'s wake-up
-        where it can wake this rank, else by polling."""
+        where it can wake this rank, else by polling; for ``timeout`` seconds after a spin (a
+        spin that ends the wait, the usual case, sets no deadline)."""
         if not self.bell.reaches(peer):  # another host: its steps are found by polling alone
-            return poll(arrived, deadline, on_timeout, health_check)
+            return poll(arrived, Deadline(timeout), on_timeout, health_check)
         if self.cores_to_spin():
             end = time.monotonic() + WAKE_SPIN_SECONDS
             while (left := end - time.monotonic()) > 0:
@@ -59,7 +60,7 @@ class Waiter:
             nonlocal quiet
             quiet = not self.bell.wait(seconds)
 
-        return poll(woken_and_arrived, deadline, on_timeout, health_check, sleep, WOKEN)
+        return poll(woken_and_arrived, Deadline(timeout), on_timeout, health_check, sleep, WOKEN)
 
     def for_any(
         self, attempt: Callable[[], T | None], deadline: Deadline, on_timeout: Callable[[], BaseException],

@@ -389,7 +389,7 @@ def run_ahead_is_bounded() -> list[int]:
 
 def large_run_ahead_is_bounded_in_bytes() -> list[int]:
     """Rank 0 broadcasts 40 × 4 MiB without waiting; the others start late. Before a file that
-    would take its unread files past GC_BYTES it waits for readers (Retention.make_room), so it
+    would take its unread files past GC_BYTES it waits for readers (Outbox.make_room), so it
     holds at most GC_BYTES / 4 MiB + 1 of them (RUN_AHEAD alone would let all 40 pile up)."""
     import glob
     import os
