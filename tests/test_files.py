@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import time
 
 import pytest
 import torch
@@ -46,7 +47,9 @@ def test_counter_compare_and_set(tmp_path) -> None:
 
 def _publisher(directory: str, rounds: int, size: int) -> None:
     for i in range(rounds):
-        payload = torch.full((size,), i % 251, dtype=torch.uint8)
+        # no torch kernel in a forked child: one that goes parallel hangs where the parent's
+        # OpenMP pool was started before the fork (it is, after test_transport.py's copies)
+        payload = torch.frombuffer(bytearray([i % 251]) * size, dtype=torch.uint8)
         publish(directory, "msg", message.encode(i, 0, "fill", [payload], CRC))
 
 
@@ -56,7 +59,11 @@ def test_reader_never_sees_a_partial_or_mixed_file(tmp_path) -> None:
     writer = CTX.Process(target=_publisher, args=(directory, 40, size))
     writer.start()
     seen = 0
+    deadline = time.monotonic() + 120
     while writer.is_alive() or seen == 0:
+        if time.monotonic() > deadline:
+            writer.kill()
+            pytest.fail(f"Timed out: the publisher had not written its 40 messages in 120 s (a reader saw {seen})")
         try:
             msg = FileMessage(os.path.join(directory, "msg"), CRC)
         except FileNotFoundError:
