@@ -1,10 +1,19 @@
-"""Waiting with a deadline: one loop for every wait, paced by a Schedule, checking health as it goes.
+"""Every wait: one loop with a deadline, paced by a Schedule, checking health as it goes.
 
 Why no inotify: it does not see writes made by other NFS clients. Polling with a capped back-off
 is the portable way; the cap bounds both the wake-up latency and the CPU a blocked rank burns.
-Every wait in fsdist is this loop: a peer's step (transport/waiter.py adds its doorbell), a
-busy lock (files/locks.py), a reader's progress, a store key, a rendezvous. They differ only in
-their Schedule and in what a pause is (a sleep, or a doorbell's wait that a ring ends early).
+Every wait in fsdist is this loop: a peer's step (``Waiter`` adds its doorbell), a busy lock
+(files/locks.py), a reader's progress, a store key, a rendezvous. They differ only in their
+Schedule and in what a pause is (a sleep, or a doorbell's wait that a wake-up ends early).
+
+``Waiter`` is the one place that picks how a rank waits for its group's peers. A peer on this
+machine wakes the rank through its doorbell when it reaches a step the rank waits for
+(files/doorbell.py), so the rank sleeps in the kernel until the wake-up, and reads the peer's
+record only then (or when a sleep ended without one: a wake-up lost to a full pipe, or sent
+before this rank's pipe existed). Where a core is free for it, it busy-waits for the wake-up a
+moment first: a sleeping virtual CPU takes 50-100 µs to wake, more than a small operation. A
+peer on another machine cannot wake it: its record is polled. Waits for any peer (readers done
+with this rank's messages, stragglers catching up) sleep on the doorbell too.
 """
 
 from __future__ import annotations
@@ -24,11 +33,13 @@ from ..defaults import (
     LONG_WAIT_SECONDS,
     MAX_SLEEP_SECONDS,
     SPIN_SECONDS,
+    WAKE_SPIN_SECONDS,
 )
+from .doorbell import RUN_QUEUE, Doorbell
 
 T = TypeVar("T")
 
-__all__ = ["BELL", "LOCKING", "POLLING", "WOKEN", "Deadline", "Schedule", "poll"]
+__all__ = ["BELL", "LOCKING", "POLLING", "WOKEN", "Deadline", "Schedule", "Waiter", "poll"]
 
 
 class Deadline:
@@ -111,3 +122,60 @@ def poll(
             next_health = now + HEALTH_CHECK_SECONDS
         if now >= deadline.end:
             raise on_timeout()
+
+
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class Waiter:
+    """This rank's waits on the peers of one group (``bell``: the rank's doorbell in that group)."""
+
+    def __init__(self, bell: Doorbell, size: int) -> None:
+        self.bell = bell
+        self._size = size
+        self._local_ranks = 0  # ranks of the group on this machine (see ``cores_to_spin``)
+
+    def for_peer(
+        self, peer: int, arrived: Callable[[], T | None], timeout: float, on_timeout: Callable[[], BaseException],
+        health_check: Callable[[float], None],
+    ) -> T:  # fmt: skip
+        """Until ``arrived()`` returns something (it reads ``peer``'s record): by ``peer``'s wake-up
+        where it can wake this rank, else by polling; for ``timeout`` seconds after a spin (a
+        spin that ends the wait, the usual case, sets no deadline)."""
+        if not self.bell.reaches(peer):  # another host: its steps are found by polling alone
+            return poll(arrived, Deadline(timeout), on_timeout, health_check)
+        if self.cores_to_spin():
+            end = time.monotonic() + WAKE_SPIN_SECONDS
+            while (left := end - time.monotonic()) > 0:
+                if self.bell.spin(left) and self.bell.take_wakeup(peer):
+                    found = arrived()
+                    if found is not None:
+                        return found
+        quiet = False  # the last sleep ended without any wake-up: look anyway
+
+        def woken_and_arrived() -> T | None:
+            return arrived() if self.bell.take_wakeup(peer) or quiet else None
+
+        def sleep(seconds: float) -> None:
+            nonlocal quiet
+            quiet = not self.bell.wait(seconds)
+
+        return poll(woken_and_arrived, Deadline(timeout), on_timeout, health_check, sleep, WOKEN)
+
+    def for_any(
+        self, attempt: Callable[[], T | None], deadline: Deadline, on_timeout: Callable[[], BaseException],
+        health_check: Callable[[float], None],
+    ) -> T:  # fmt: skip
+        """Until ``attempt()`` returns something, each attempt after a pause that any peer's wake-up
+        ends (an attempt reads several peers' records: no spinning)."""
+        return poll(attempt, deadline, on_timeout, health_check, self.bell.wait, BELL)
+
+    def cores_to_spin(self) -> bool:
+        """Whether a waiter may busy-wait: this machine has a core for each of the group's ranks
+        on it (counted again until every rank of the group is found here), and no more threads
+        than cores are runnable right now. A spin on a busy machine takes the core a peer needs:
+        2 ranks, 8-byte all_reduce, two other busy threads on the 2 cores: 860 µs spinning, 240
+        sleeping (Gloo 110)."""
+        if self._local_ranks < self._size:
+            self._local_ranks = self.bell.local_ranks()
+        return self._local_ranks <= _CORES and RUN_QUEUE.core_free()

@@ -21,13 +21,12 @@ from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError, ProtocolE
 from ..files.doorbell import Doorbell
 from ..files.locks import LockedRecord
 from ..files.seal import Seal, sealer
-from ..files.waiting import Deadline
+from ..files.waiting import Deadline, Waiter
 from ..job.liveness import PeerWatch
 from ..protocol import layout, state_record
 from ..protocol.state_record import PeerState
 from .abort import AbortRecord
 from .history import History
-from .waiter import Waiter
 
 T = TypeVar("T")
 

@@ -589,7 +589,7 @@ def polls_per_multi_part_operation() -> float:
     """Polling waits per operation while reading a message of 8 parts: a rank that waited for
     a peer's step once knows the step is there for the other 7 parts (each poll that finds the
     step gone quiet sleeps up to 10 ms waiting for a ring that was already taken)."""
-    import fsdist.transport.waiter as waiter
+    import fsdist.files.waiting as waiter
 
     polls = [0]
     real_poll = waiter.poll
