@@ -24,6 +24,7 @@ import logging
 import os
 import pwd
 import stat
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -65,6 +66,12 @@ FIX_RUN_DIR = (
     "Use a directory of your own that nobody else can write (it is made 0700 if it does not exist), "
     f"or, for ranks of several users, a directory of the group they share with {ENV_GROUP}=<group>"
 )
+
+
+#: How long a member of FSDIST_GROUP waits for a directory another member has just made to become
+#: the group's (``make_private_dir``): the maker's fchown and fchmod follow its mkdir at once,
+#: unless it stopped in between.
+GROUP_SETTLE_SECONDS = 2.0
 
 
 @dataclass(frozen=True)
@@ -227,7 +234,11 @@ def size_checked(st: os.stat_result, path: str, limit: int, what: str) -> int:
 def make_private_dir(path: str, fix: str = FIX_INSIDE) -> None:
     """Create ``path`` (and missing parents) as this user's, or the named group's; one that exists
     is adopted only if it passes ``check_stat``, checked on a descriptor opened without
-    following a link."""
+    following a link.
+
+    With a group, a member that finds the directory another member has just made may meet it
+    between that member's ``mkdir`` (the umask's mode, its own group) and its ``fchown`` and
+    ``fchmod``: it looks again for up to GROUP_SETTLE_SECONDS before refusing what it finds."""
     parent = os.path.dirname(path)
     if parent and parent != path and not os.path.isdir(parent):
         make_private_dir(parent, fix)  # os.makedirs would give missing parents the default mode
@@ -237,6 +248,18 @@ def make_private_dir(path: str, fix: str = FIX_INSIDE) -> None:
         made = True
     except FileExistsError:
         made = False
+    settle_until = time.monotonic() + GROUP_SETTLE_SECONDS if share.gid is not None and not made else 0.0
+    while True:
+        try:
+            _adopt_dir(path, fix, share, made)
+            return
+        except (UntrustedPathError, PermissionError):
+            if time.monotonic() >= settle_until:
+                raise
+            time.sleep(0.001)
+
+
+def _adopt_dir(path: str, fix: str, share: Sharing, made: bool) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
     except OSError as exc:  # ELOOP: a symbolic link; ENOTDIR: a file, a FIFO...
