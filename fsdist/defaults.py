@@ -96,6 +96,15 @@ GC_BYTES = 32 << 20
 #: (smaller ones travel in the records): even a small fresh file costs a create and an unlink
 #: more than a rewrite (docs/benchmarks.md, "spares from 8 KiB").
 ENV_REUSE_FILES = "FSDIST_REUSE_FILES"
+#: How a group's state records are read and written: ``locked`` (every access under the file's
+#: fcntl lock), ``direct`` (O_DIRECT on kept descriptors, no lock: one writer per record, readers
+#: check), ``auto`` (the default: ``locked``, until fsdist can tell by measurement where direct
+#: I/O holds across clients). Set alike on every rank: a difference fails group creation.
+ENV_IO = "FSDIST_IO"
+#: How long a reader of a direct record keeps reading again while what it reads is torn by the
+#: writer's write (a write takes microseconds, one round trip on NFS): past it, the record is
+#: damaged, not torn, and its check's error goes up.
+TORN_READ_SECONDS = 1.0
 REUSE_FILES = 4
 REUSE_MIN_BYTES = 8192
 #: On those same filesystems, a reduction reads a peer's part of at least this size straight

@@ -250,6 +250,7 @@ def test_one_node_id_on_two_machines_is_refused_on_every_rank(monkeypatch) -> No
 
     monkeypatch.delenv("FSDIST_LOCAL_DIR", raising=False)
     monkeypatch.delenv("FSDIST_ALGO", raising=False)
+    monkeypatch.delenv("FSDIST_IO", raising=False)
     members = [Identity("h", 1, 1, machine=f"boot{r // 2 if r < 2 else r}", node="n0" if r < 2 else f"n{r}")
                for r in range(4)]  # fmt: skip
     members[1] = Identity("h2", 1, 1, machine="another-boot", node="n0")
@@ -259,8 +260,15 @@ def test_one_node_id_on_two_machines_is_refused_on_every_rank(monkeypatch) -> No
         def set(self, key: str, value: str) -> None: ...
 
         def get(self, key: str) -> bytes:
-            return b"hier"
+            return b"hier FSDIST_IO=auto"
 
     for rank in range(4):
         with pytest.raises(ValueError, match=r"ranks 0, 1 of this group count as one node .* FSDIST_NODE_ID"):
             two_tiers(Store(), generation, range(4), rank, SimpleNamespace(directory="/nonexistent/k.0.0"), 10.0)  # type: ignore[arg-type]
+    # FSDIST_IO set unlike rank 0's: refused at creation, naming both settings (a locked reader
+    # of a direct writer's record could read it torn)
+    monkeypatch.setenv("FSDIST_IO", "direct")
+    with pytest.raises(
+        ValueError, match=r"as 'hier FSDIST_IO=direct' .*rank 0 as 'hier FSDIST_IO=auto'.*FSDIST_IO alike"
+    ):
+        two_tiers(Store(), generation, range(4), 2, SimpleNamespace(directory="/nonexistent/k.0.0"), 10.0)  # type: ignore[arg-type]

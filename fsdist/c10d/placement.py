@@ -16,14 +16,14 @@ from collections.abc import Callable, Sequence
 
 from .. import collectives as coll
 from ..collectives import hierarchical as hier
-from ..defaults import ENV_ALGO, ENV_LOCAL_DIR, ENV_NODE_ID, local_dir
+from ..defaults import ENV_ALGO, ENV_IO, ENV_LOCAL_DIR, ENV_NODE_ID, local_dir
 from ..files.trust import node_directory
 from ..job.generation import Generation
 from ..job.liveness import PeerWatch
 from ..job.nodes import Nodes
 from ..protocol import layout
 from ..transport.group import GroupTransport
-from ..transport.locality import Locality
+from ..transport.locality import Locality, io_setting
 from ..transport.tiers import NodeTiers
 from .store import DirectoryStore
 
@@ -102,7 +102,8 @@ def two_tiers(
 
     Every rank must decide alike, or some would wait in tiers that others never enter: the
     decision is made from the node ids every rank read from the same rendezvous record, and
-    FSDIST_ALGO (which could differ) is checked against rank 0's through the store.
+    FSDIST_ALGO (which could differ) is checked against rank 0's through the store, with
+    FSDIST_IO (a locked reader of a direct writer's record could read it torn).
     """
     algo = os.environ.get(ENV_ALGO, "auto")
     if algo not in ("auto", "flat", "hier"):
@@ -111,12 +112,13 @@ def two_tiers(
     use = algo == "hier" or (algo == "auto" and nodes.tiers_help())
     directory = flat.directory
     key = layout.GROUP_ALGO_KEY + os.path.basename(directory)
+    mine = f"{'hier' if use else 'flat'} {ENV_IO}={io_setting()}"  # records' I/O too: all direct, or none
     if rank == 0:
-        store.set(key, "hier" if use else "flat")
-    elif (decided := store.get(key).decode()) != ("hier" if use else "flat"):
+        store.set(key, mine)
+    elif (decided := store.get(key).decode()) != mine:
         raise ValueError(
-            f"rank {rank}: this rank would run the group's collectives {'hier' if use else 'flat'} "
-            f"({ENV_ALGO}={algo}), rank 0 runs them {decided}: set {ENV_ALGO} alike on every rank"
+            f"rank {rank}: this rank would run the group's collectives as '{mine}' ({ENV_ALGO}={algo}), "
+            f"rank 0 as '{decided}': set {ENV_ALGO} and {ENV_IO} alike on every rank"
         )
     if not use:
         return None

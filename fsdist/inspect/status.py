@@ -292,13 +292,17 @@ def _group_name(dirname: str) -> str:
 
 def _position(group_dir: str, group_rank: int, ranks: list[int] | None, now: float) -> RankPosition:
     path = layout.state_file(group_dir, group_rank)
-    raw, mtime = read_locked(path, size=state_record.HEADER_SIZE)
     rank = ranks[group_rank] if ranks is not None and group_rank < len(ranks) else None
-    since = max(0.0, now - mtime) if mtime is not None else None
-    try:
-        state = state_record.decode(raw, path, seal(layout.identity(path)))
-    except ProtocolError:
-        return RankPosition(group_rank, rank, -1, 0, f"(not an fsdist v{state_record.VERSION} record)", False, since)
+    for attempt in range(3):  # a direct record's writer takes no lock: a read may meet its write
+        raw, mtime = read_locked(path, size=state_record.HEADER_SIZE)
+        since = max(0.0, now - mtime) if mtime is not None else None
+        try:
+            state = state_record.decode(raw, path, seal(layout.identity(path)))
+            break
+        except ProtocolError:
+            if attempt == 2:
+                what = f"(not an fsdist v{state_record.VERSION} record)"
+                return RankPosition(group_rank, rank, -1, 0, what, False, since)
     if state is state_record.NOT_STARTED:
         return RankPosition(group_rank, rank, -1, 0, "(no record yet)", False, since)
     what = state.description or "(no collective yet)"

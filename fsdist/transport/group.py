@@ -52,7 +52,7 @@ class GroupTransport:
         self.size = size
         self.timeout = timeout
         self.progress = Progress(
-            directory, rank, size, watch, timeout, names, tier, optimistic=self.locality.optimistic
+            directory, rank, size, watch, timeout, names, tier, self.locality.optimistic, self.locality.direct
         )
         self._entered = 0
         self.outbox = Outbox(self.progress, self.locality.reuse_files)

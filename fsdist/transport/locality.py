@@ -2,8 +2,8 @@
 
 Every choice that depends on where the files live reads it here, so no part of the transport
 asks the filesystem again or decides apart from the others: whether a step can wake every
-waiter, whether records are read without the lock first, whether retired message files are
-rewritten and peers' files mapped, and which small all_reduce the algorithms run.
+waiter, whether records are direct or read without the lock first, whether retired message
+files are rewritten and peers' files mapped, and which small all_reduce the algorithms run.
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..defaults import ENV_REUSE_FILES
+from ..defaults import ENV_IO, ENV_REUSE_FILES
+from ..errors import FsdistError
+from ..files.direct import DirectRecord
 from ..fs.mounts import is_local
 
-__all__ = ["Locality"]
+__all__ = ["Locality", "io_setting"]
 
 
 @dataclass(frozen=True)
@@ -30,19 +32,39 @@ class Locality:
     #: GlusterFS does; NFS revalidates on open, but only as finely as its change attribute), so
     #: a fresh file per message is the path that is correct everywhere
     reuse_files: bool
+    #: state records are read and written with O_DIRECT and no lock (files/locks.py
+    #: DirectRecord): FSDIST_IO=direct, where the filesystem takes unaligned direct I/O
+    direct: bool = False
     #: records may be read without the lock first (torn reads retried): one local client, where
-    #: a read costs no server round trip and a write is seen at once
+    #: a read costs no server round trip and a write is seen at once, or direct records, which
+    #: have no lock
     optimistic: bool = field(init=False)
     #: a peer's message may be mapped instead of copied (worth it for large parts)
     maps_messages: bool = field(init=False)
 
     def __post_init__(self) -> None:  # plain fields: the hot path reads them without a call
-        object.__setattr__(self, "optimistic", self.one_client and self.local)
+        object.__setattr__(self, "optimistic", (self.one_client and self.local) or self.direct)
         object.__setattr__(self, "maps_messages", self.reuse_files)
 
     @classmethod
     def of(cls, directory: str, one_client: bool) -> Locality:
-        """``directory``'s locality; FSDIST_REUSE_FILES=0/1 overrides whether files are reused."""
+        """``directory``'s locality; FSDIST_REUSE_FILES=0/1 overrides whether files are reused,
+        FSDIST_IO (``io_setting``) whether records are direct."""
         local = is_local(directory)
         setting = os.environ.get(ENV_REUSE_FILES, "")
-        return cls(one_client, local, setting == "1" if setting in ("0", "1") else local)
+        direct = io_setting() == "direct"
+        probed = directory
+        while not os.path.isdir(probed) and os.path.dirname(probed) != probed:
+            probed = os.path.dirname(probed)  # (a group's folder is made after this: its parent's filesystem)
+        if direct and (why := DirectRecord.refusal(probed)) is not None:
+            raise FsdistError(f"{ENV_IO}=direct: {directory}: {why}; use {ENV_IO}=locked (or auto) there")
+        return cls(one_client, local, setting == "1" if setting in ("0", "1") else local, direct)
+
+
+def io_setting() -> str:
+    """FSDIST_IO as given: ``auto`` (the default: locked records, until fsdist can tell by
+    measurement where direct I/O holds across clients), ``direct`` or ``locked``."""
+    setting = os.environ.get(ENV_IO, "auto") or "auto"
+    if setting not in ("auto", "direct", "locked"):
+        raise ValueError(f"{ENV_IO}={setting!r}: expected auto, direct or locked")
+    return setting

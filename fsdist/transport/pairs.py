@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Sequence
 
 import torch
 
-from ..defaults import INLINE, MAX_UNRECEIVED_SENDS, RING_MESSAGE_MAX
+from ..defaults import INLINE, MAX_UNRECEIVED_SENDS, RING_MESSAGE_MAX, TORN_READ_SECONDS
 from ..errors import ProtocolError
 from ..files.doorbell import Doorbell
 from ..files.seal import Seal
@@ -255,16 +256,30 @@ class Pairs:
         return len(counters)
 
     def open(self, src: int, index: int) -> Incoming:
-        """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline, in its ring, or a file."""
-        slot = self._find(src, index)
-        if slot is not None:
-            self._inline_open.add((src, index))
+        """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline, in its ring, or a file.
+
+        A direct record's area may have been read while the send that wrote its counters and the
+        slot in one write was under way: counters that count the message beside a torn or older
+        slot, and no file (a file is published before its counters). It is read again until the
+        slot is whole, for TORN_READ_SECONDS."""
         where = f"{self._progress.state_path(src)} (message #{index} to rank {self._progress.rank})"
         check = self._seal(src, self._progress.rank, index)
-        return open_incoming(
-            slot, where, lambda: os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index)),
-            lambda: self._ring_to_read(src), check, self._mapped,
-        )  # fmt: skip
+        give_up = time.monotonic() + TORN_READ_SECONDS
+        while True:
+            try:
+                slot = self._find(src, index)
+                incoming = open_incoming(
+                    slot, where, lambda: os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index)),
+                    lambda: self._ring_to_read(src), check, self._mapped,
+                )  # fmt: skip
+            except (FileNotFoundError, ProtocolError):
+                if not self._progress.direct or time.monotonic() >= give_up:
+                    raise
+                self._take_area(src, locked=True)
+                continue
+            if slot is not None:
+                self._inline_open.add((src, index))
+            return incoming
 
     def _seal(self, src: int, dst: int, index: int) -> Seal:
         return self._progress.p2p_seal(src, dst, index)

@@ -14,10 +14,13 @@ Every wait ends at the group's deadline, or earlier when the group is aborted or
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from ..defaults import TORN_READ_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError, ProtocolError
+from ..files.direct import DirectRecord
 from ..files.doorbell import Doorbell
 from ..files.locks import LockedRecord
 from ..files.seal import Seal, sealer
@@ -38,14 +41,16 @@ class Progress:
 
     def __init__(
         self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float,
-        names: Sequence[int] | None = None, tier: str = "", optimistic: bool = False,
+        names: Sequence[int] | None = None, tier: str = "", optimistic: bool = False, direct: bool = False,
     ) -> None:  # fmt: skip
         """``names``: each rank's number in the process group, where this is one tier of it
         (errors name group ranks); ``tier``: which tier, for the same errors. ``optimistic``:
         read peers' records without their lock first (``peer_state``): only where every rank
-        shares one page cache (a local filesystem on one machine)."""
+        shares one page cache (a local filesystem on one machine). ``direct``: records are
+        DirectRecords, read and written with no lock at all (Locality.direct)."""
         self.directory = directory
-        self.optimistic = optimistic
+        self.optimistic = optimistic or direct
+        self.direct = direct
         self.rank = rank
         self.size = size
         self.names = list(names) if names is not None else list(range(size))
@@ -61,7 +66,8 @@ class Progress:
         self._sealer = sealer()  # (the settings the group was created with: files/seal.py)
         self.seals = [self._sealer.seal(layout.identity(path)) for path in self._state_paths]
         self._identity = layout.identity(directory)
-        self._records = [LockedRecord(path, on_wait=self._lock_wait(r)) for r, path in enumerate(self._state_paths)]
+        kind = DirectRecord if direct else LockedRecord
+        self._records = [kind(path, on_wait=self._lock_wait(r)) for r, path in enumerate(self._state_paths)]
         self.aborted = AbortRecord(directory)
         #: the highest operation each peer was seen in, and the furthest (operation, step) it was
         #: seen at (garbage collection reads them)
@@ -134,7 +140,8 @@ class Progress:
         Usually in the record as read by the wait that saw the step; read once more otherwise.
         Where that record was read without the lock, None only says *maybe* a file (a torn
         read can show the step beside an older slot): it is confirmed by a locked read, unless
-        ``confirm`` is False (the caller looks for the file first, and confirms if it is not there).
+        ``confirm`` is False (the caller looks for the file first, and confirms if it is not
+        there). A direct record has no lock: its header and slot are read until they agree.
         """
         try:
             found = state_record.find_inline(self._seen[peer], self.seq, step)
@@ -142,9 +149,19 @@ class Progress:
             if not self.optimistic:
                 raise
             found = None  # a slot torn by a write while read without the lock: read it locked
-        if found is None and confirm:
-            self.peer_state(peer, locked=True)
-            found = state_record.find_inline(self._seen[peer], self.seq, step)
+        give_up = time.monotonic() + TORN_READ_SECONDS if self.direct else 0.0
+        while found is None and confirm:
+            theirs = self.peer_state(peer, locked=True)
+            try:
+                found = state_record.find_inline(self._seen[peer], self.seq, step)
+            except ProtocolError:  # a slot torn by the write (direct records; else a damaged one)
+                if time.monotonic() >= give_up:
+                    raise
+                continue
+            # direct records: a header at this very step with no slot for it (and no file: the
+            # caller looked) was read while the write that carries both was under way
+            if theirs.position != (self.seq, step) or time.monotonic() >= give_up:
+                break
         return found
 
     def close(self) -> None:
@@ -187,6 +204,8 @@ class Progress:
         where record bytes are trusted without the lock: every reader of a peer's record comes here.
         """
         record = self._records[rank]
+        if isinstance(record, DirectRecord):  # no lock to read under: read until whole
+            return (*record.read_checked(offset, size, parse, plausible), True)
         if self.optimistic and not locked:
             raw = record.read_unlocked(offset, size)
             try:

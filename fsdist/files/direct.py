@@ -1,0 +1,94 @@
+"""Records with one writer, read and written with ``O_DIRECT`` and no lock: NFS in fewest calls.
+
+On an NFS client every locked access of a record (files/locks.py) is LOCK + UNLOCK (+ FREE_STATEID
+on v4.1+) and the GETATTR and READ that the lock's cache revalidation forces. A direct write that
+fits one request is sent FILE_SYNC and is at the server when it returns; a direct read asks the
+server and skips the revalidation: publishing is one WRITE, a look one READ (fs/nfs/direct.c).
+Nothing excludes a reader from the writer's write, so only formats whose checks find a torn read
+live here (state records: their header, slots and counters each carry one), read again until
+whole, and never a value two writers change. ``FSDIST_IO=direct`` chooses it (transport/locality.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from ..defaults import ENV_IO, TORN_READ_SECONDS
+from ..errors import FsdistError, ProtocolError
+from .io import open_file, unlink_quietly
+from .locks import RECORD_MAX_BYTES, LockedRecord, OnWait
+
+T = TypeVar("T")
+
+__all__ = ["DirectRecord"]
+
+
+class DirectRecord(LockedRecord):
+    """A record with one writer, read and written with ``O_DIRECT`` and no lock (``update``, a
+    compare-and-set, refuses). Its filesystem must take direct I/O of any size at any offset, as
+    NFS and tmpfs do, not only aligned (ext4, xfs): ``refusal`` says which."""
+
+    def __init__(
+        self, path: str, create: bool = True, on_wait: OnWait | None = None, max_size: int = RECORD_MAX_BYTES
+    ) -> None:
+        super().__init__(path, create, on_wait, max_size)
+        try:
+            fcntl.fcntl(self._fd, fcntl.F_SETFL, fcntl.fcntl(self._fd, fcntl.F_GETFL) | os.O_DIRECT)
+        except OSError as exc:
+            self.close()
+            raise FsdistError(f"{ENV_IO}=direct: {path}'s filesystem has no direct I/O ({exc.strerror})") from None
+
+    def _lock(self, kind: int) -> None:
+        """No lock: one writer, and readers that check what they read."""
+
+    def read_checked(
+        self, offset: int, size: int, parse: Callable[[bytes], T], plausible: Callable[[T], bool] | None = None
+    ) -> tuple[bytes, T]:
+        """``size`` bytes at ``offset`` and what ``parse`` makes of them, read again while its
+        checks (a ProtocolError, or ``plausible`` saying no) find them torn by the writer's write.
+        TORN_READ_SECONDS bound it: past that the bytes are damaged, not torn, and the check's
+        error goes up (an implausible value is returned as read)."""
+        give_up = 0.0
+        while True:
+            raw = self.read(offset, size)
+            try:
+                value = parse(raw)
+            except ProtocolError:
+                give_up = give_up or time.monotonic() + TORN_READ_SECONDS
+                if time.monotonic() >= give_up:
+                    raise
+                continue
+            if plausible is None or plausible(value):
+                return raw, value
+            give_up = give_up or time.monotonic() + TORN_READ_SECONDS
+            if time.monotonic() >= give_up:
+                return raw, value
+
+    @staticmethod
+    def refusal(directory: str) -> str | None:
+        """Why direct records cannot live in ``directory`` (None: they can): a private file there
+        takes one byte written and read back at an unaligned offset with O_DIRECT, or not."""
+        path = os.path.join(directory, f".tmp.direct.{secrets.token_hex(4)}")
+        try:
+            fd = open_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
+        except OSError as exc:
+            return f"cannot make a probe file there ({exc})"
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+            os.pwrite(fd, b"\x5a", 1)
+            if os.pread(fd, 1, 1) != b"\x5a":
+                return "a byte written directly did not read back"
+        except OSError as exc:  # EINVAL: alignment wanted (ext4, xfs), or no O_DIRECT at all
+            return f"its filesystem refuses unaligned direct I/O ({exc.strerror})"
+        finally:
+            os.close(fd)
+            unlink_quietly(path)
+        return None
+
+    def update(self, change: Callable[[bytes], bytes | None]) -> bytes:
+        raise FsdistError(f"{self.path}: a direct record has one writer; a compare-and-set needs the lock")

@@ -1,0 +1,285 @@
+"""Direct records (FSDIST_IO=direct): state records read and written with O_DIRECT and no lock.
+
+Nothing excludes a reader from the writer's write, so every read torn by a write must be found
+by the record's checks and read again, never acted on: these tests hand the reader torn bytes
+of each region (header, inline slot, point-to-point counters and slot), race a real writer
+process against a reader on tmpfs, and run collectives and point to point in direct groups.
+Where the filesystem wants direct I/O aligned (ext4, xfs) direct records are refused.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+
+import pytest
+import torch
+
+import fsdist.files.direct as direct
+from fsdist.errors import FsdistError, ProtocolError
+from fsdist.files.direct import DirectRecord
+from fsdist.files.locks import LockedRecord
+from fsdist.fs.mounts import find_mount
+from fsdist.protocol import message, state_record
+from fsdist.transport.incoming import InlineMessage
+from fsdist.transport.locality import Locality, io_setting
+from fsdist.transport.progress import Progress
+
+from harness import RankPool
+from in_rank import collectives as cases
+from in_rank import p2p as p2p_cases
+
+CTX = mp.get_context("fork")  # the parent has imported everything; fork starts in milliseconds
+#: filesystems that take direct I/O of any size at any offset
+UNALIGNED_OK = ("tmpfs", "nfs", "nfs4")
+
+
+@pytest.fixture
+def shm():
+    """A private folder on /dev/shm (tmpfs: unaligned direct I/O works there)."""
+    path = tempfile.mkdtemp(prefix="fsdist-direct-", dir="/dev/shm")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class _AliveWatch:
+    def dead_reason(self, rank: int) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def _pair(directory: str) -> tuple[Progress, Progress]:
+    make = lambda rank: Progress(directory, rank, 2, _AliveWatch(), 5.0, direct=True)  # noqa: E731
+    return make(0), make(1)
+
+
+def _publish(progress: Progress, seq: int, step: int, value: float) -> bytes:
+    """Rank ``progress`` enters ``seq`` and publishes ``value`` inline at ``step``; the message."""
+    progress.enter(seq, "all_reduce SUM float32[1]")
+    check = progress.collective_seal(progress.rank, step)
+    encoded = b"".join(
+        message.encode(seq, 0, progress.description, [torch.tensor([value])], check, message.INLINE_ALIGN)
+    )
+    progress.advance_inline(step, seq % state_record.INLINE_SLOTS, encoded)
+    return encoded
+
+
+def _record(directory: str, rank: int) -> bytes:
+    with open(os.path.join(directory, f"state.r{rank}"), "rb") as record:
+        return record.read()[: state_record.POSITION_SIZE]
+
+
+@pytest.fixture
+def torn_reads(monkeypatch):
+    """Make the next direct reads return the given bytes (then the file's own again)."""
+    queued: list[bytes] = []
+    calls: list[str] = []
+    real = DirectRecord.read
+
+    def read(self, offset: int = 0, size: int | None = None) -> bytes:
+        calls.append(self.path)
+        return queued.pop(0) if queued else real(self, offset, size)
+
+    monkeypatch.setattr(DirectRecord, "read", read)
+    return queued, calls
+
+
+def test_direct_records_need_a_filesystem_that_takes_unaligned_direct_io(tmp_path, shm, monkeypatch) -> None:
+    assert DirectRecord.refusal(shm) is None
+    here = str(tmp_path)
+    why = DirectRecord.refusal(here)
+    assert (why is None) == (find_mount(here).fstype in UNALIGNED_OK), why
+    monkeypatch.setenv("FSDIST_IO", "direct")
+    assert Locality.of(shm, one_client=True).direct
+    if why is not None:  # the suite's own folder is on ext4 here: refused, naming it
+        with pytest.raises(FsdistError, match=f"FSDIST_IO=direct: {here}: .*refuses unaligned direct I/O"):
+            Locality.of(here, one_client=True)
+    assert not [n for n in os.listdir(shm) if n.startswith(".tmp")], "the probe file was left behind"
+    monkeypatch.setenv("FSDIST_IO", "sometimes")
+    with pytest.raises(ValueError, match="expected auto, direct or locked"):
+        io_setting()
+    monkeypatch.setenv("FSDIST_IO", "auto")
+    assert not Locality.of(shm, one_client=True).direct  # auto: locked records, for now
+
+
+def test_a_direct_record_takes_no_lock_and_refuses_a_compare_and_set(shm) -> None:
+    path = os.path.join(shm, "state.r0")
+    writer, reader = DirectRecord(path), DirectRecord(path)
+    with LockedRecord(path) as other, other.held():  # someone holds the lock: no access waits for it
+        start = time.monotonic()
+        writer.write(b"hello", 3)
+        assert reader.read(3, 5) == b"hello"
+        assert time.monotonic() - start < 1.0
+    with pytest.raises(FsdistError, match="compare-and-set needs the lock"):
+        writer.update(lambda old: b"x")
+    writer.close()
+    reader.close()
+
+
+def test_a_header_torn_by_a_write_is_read_again(shm, torn_reads) -> None:
+    queued, calls = torn_reads
+    reader, writer = _pair(shm)
+    _publish(writer, 1, 1, 3.0)
+    whole = bytearray(_record(shm, 1))
+    whole[40] ^= 0xFF  # half of a write inside the description: the header's tag fails
+    queued.extend([bytes(whole)] * 3)
+    reader.enter(1, writer.description)
+    state = reader.peer_state(1)
+    assert state.position == (1, 1) and state.description == writer.description
+    assert len(calls) == 4  # three torn reads, then the whole one; never a lock
+
+
+def test_a_newer_header_beside_an_older_slot_is_read_again_until_they_agree(shm, torn_reads) -> None:
+    queued, _ = torn_reads
+    reader, writer = _pair(shm)
+    _publish(writer, 1, 1, 3.0)
+    before = _record(shm, 1)
+    sent = _publish(writer, 2, 1, 5.0)  # step 1 of operation 2, in the next slot
+    after = _record(shm, 1)
+    queued.extend([after[: state_record.HEADER_SIZE] + before[state_record.HEADER_SIZE :]] * 3)
+    reader.enter(1, writer.description)
+    reader.enter(2, writer.description)
+    assert reader.peer_state(1).position == (2, 1)
+    assert reader.inline_message(1, 1, confirm=False) is None  # torn: maybe a file...
+    assert reader.inline_message(1, 1) == sent  # ...none there (the caller looked): read until whole
+
+
+def test_a_slot_torn_by_a_write_is_read_again(shm, torn_reads) -> None:
+    queued, _ = torn_reads
+    reader, writer = _pair(shm)
+    sent = _publish(writer, 1, 1, 3.0)
+    torn = bytearray(_record(shm, 1))
+    torn[state_record.slot_offset(1) + 40] ^= 0xFF  # inside the message of slot 1 (seq 1)
+    queued.extend([bytes(torn)] * 2)
+    reader.enter(1, writer.description)
+    reader.peer_state(1)
+    assert reader.inline_message(1, 1) == sent
+
+
+def test_point_to_point_counters_torn_by_a_send_are_read_again(shm, torn_reads) -> None:
+    queued, _ = torn_reads
+    reader, writer = _pair(shm)
+    check = writer.seals[1]
+    area = bytearray(state_record.PAIR_AREA)
+    end = state_record.put_p2p(area, 1, 0, 0, b"payload", 0, check)
+    writer.write_own(bytes(area[:end]), state_record.pair_offset(0))
+    torn = bytearray(area)
+    torn[3] ^= 0xFF  # the counters' tag fails
+    queued.extend([bytes(torn)] * 2)
+    raw, (sent, received), _ = reader.read_peer(
+        1, state_record.pair_offset(0), state_record.PAIR_AREA,
+        lambda raw: state_record.decode_pair(raw, 0, check),
+    )  # fmt: skip
+    assert (sent, received) == (1, 0) and state_record.find_p2p(raw, 0) == b"payload"
+
+
+def test_a_record_damaged_for_good_is_refused_after_the_torn_read_bound(shm, monkeypatch) -> None:
+    monkeypatch.setattr(direct, "TORN_READ_SECONDS", 0.05)
+    reader, writer = _pair(shm)
+    _publish(writer, 1, 1, 3.0)
+    with open(os.path.join(shm, "state.r1"), "r+b") as record:
+        record.seek(40)
+        record.write(b"\xff")
+    reader.enter(1, writer.description)
+    start = time.monotonic()
+    with pytest.raises(ProtocolError, match="state record's header"):
+        reader.peer_state(1)
+    assert time.monotonic() - start < 2.0
+
+
+def _keep_publishing(directory: str, seconds: float) -> None:
+    """Rank 1 of a direct pair: one operation after another, each value inline in its slot, at
+    most 2 operations ahead of the reader (a slot is reused only once its readers are past it)."""
+    writer = Progress(directory, 1, 2, _AliveWatch(), 5.0, direct=True)
+    end, seq = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        seq += 1
+        while writer.peer_state(0).seq < seq - 2 and time.monotonic() < end + 30:
+            pass
+        _publish(writer, seq, 1, float(seq))
+    writer.close()
+
+
+def test_a_reader_racing_a_direct_writer_on_tmpfs_never_acts_on_a_torn_read(shm) -> None:
+    """A real writer rewrites its header and a slot as fast as it can (no lock), while the reader
+    reads: every header it accepts is whole, and every message it finds is the one published
+    at that step (seq = value), over thousands of reads."""
+    reader = Progress(shm, 0, 2, _AliveWatch(), 5.0, direct=True)
+    writer = CTX.Process(target=_keep_publishing, args=(shm, 2.0))
+    writer.start()
+    seen, checked, deadline = 0, 0, time.monotonic() + 60
+    try:
+        while writer.is_alive() and time.monotonic() < deadline:
+            state = reader.peer_state(1)
+            if state.seq <= 0 or state.closed:
+                continue
+            while reader.seq < state.seq:  # every operation, so the histories agree
+                reader.enter(reader.seq + 1, state.description)
+            found = reader.inline_message(1, 1)
+            assert found is not None, f"operation {state.seq}: the step's slot was never found"
+            with InlineMessage(found, "slot", reader.collective_seal(1, 1)) as msg:
+                value = torch.empty(1)
+                msg.read_into(0, value)
+            assert msg.seq == state.seq and value.item() == float(state.seq), "a torn read was acted on"
+            seen, checked = max(seen, state.seq), checked + 1
+            reader.flush()  # where this rank is: the writer may reuse the slots behind it
+    finally:
+        writer.join(timeout=10)
+    assert writer.exitcode == 0
+    assert checked > 100 and seen > 100, (checked, seen)
+
+
+DIRECT_WORLDS = [2, 3]
+
+
+@pytest.fixture(scope="module", params=DIRECT_WORLDS)
+def direct_pool(request):
+    directory = tempfile.mkdtemp(prefix="fsdist-direct-job-", dir="/dev/shm")
+    pool = RankPool(request.param, env={"FSDIST_IO": "direct"}, directories=[directory] * request.param)
+    yield pool
+    pool.close()
+
+
+def _failures(results: list[dict[str, list[str]]]) -> list[str]:
+    return [f"rank {rank}: {f}" for rank, res in enumerate(results) for f in res["failures"]]
+
+
+@pytest.mark.parametrize(
+    "case, args",
+    [
+        (cases.all_reduce, ("SUM", "float32")),
+        (cases.all_reduce, ("MAX", "int64")),
+        (cases.reduce_scatter, ("SUM", "float32")),
+        (cases.broadcast, ("float32",)),
+        (cases.all_gather, ("bfloat16",)),
+        (cases.all_to_all, ("float32",)),
+        (cases.coalesced, ("SUM", "float32")),
+        (cases.barrier_and_ordering, ()),
+    ],
+    ids=lambda v: getattr(v, "__name__", "-".join(map(str, v)) if isinstance(v, tuple) else str(v)),
+)
+def test_collectives_in_a_direct_group_match_their_references(direct_pool, case, args) -> None:
+    failures = _failures(direct_pool.run(case, *args))
+    assert not failures, "\n".join(failures[:40])
+
+
+def test_small_messages_in_a_direct_group_travel_in_the_records(direct_pool) -> None:
+    results = direct_pool.run(cases.small_messages_leave_no_files)
+    assert [r[0] for r in results] == [0] * direct_pool.world_size, results
+
+
+@pytest.mark.parametrize(
+    "case",
+    [p2p_cases.ring_every_dtype_and_shape, p2p_cases.tags_and_order, p2p_cases.any_source,
+     p2p_cases.mid_size_messages_out_of_order_every_byte_checked,
+     p2p_cases.large_messages_come_back_through_kept_mappings, p2p_cases.held_back_counts_never_block_a_capped_sender],
+    ids=lambda f: f.__name__,
+)  # fmt: skip
+def test_point_to_point_in_a_direct_group(direct_pool, case) -> None:
+    failures = [f"rank {rank}: {f}" for rank, res in enumerate(direct_pool.run(case)) for f in res]
+    assert not failures, "\n".join(failures[:40])
