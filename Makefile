@@ -41,10 +41,12 @@ test-gluster:
 # /var/tmp/fsdist-nfs-vm/result.txt. Needs the .venv of `make test` (the VM runs it over 9p).
 # Ends with the RPC count (NFS RPCs per small all_reduce/barrier per rank, by type);
 # `make test-nfs FSDIST_NFS_CHECK=rpc` runs only that (FSDIST_NFS_RPC_OPS: ops per loop, 200);
-# `FSDIST_NFS_CHECK=restart` runs only checked all_reduces while the NFS server restarts.
+# `FSDIST_NFS_CHECK=restart` runs only checked all_reduces while the NFS server restarts;
+# `FSDIST_NFS_IO=direct|locked` sets FSDIST_IO for every rank in the VM.
 test-nfs:
 	scripts/setup-venv.sh .venv test
-	FSDIST_NFS_CHECK=$(FSDIST_NFS_CHECK) FSDIST_NFS_RPC_OPS=$(FSDIST_NFS_RPC_OPS) scripts/nfs-vm/run.sh
+	FSDIST_NFS_CHECK=$(FSDIST_NFS_CHECK) FSDIST_NFS_RPC_OPS=$(FSDIST_NFS_RPC_OPS) FSDIST_NFS_IO=$(FSDIST_NFS_IO) \
+	  scripts/nfs-vm/run.sh
 
 lint:
 	scripts/lint.sh

@@ -8,9 +8,10 @@
 # $3 (FSDIST_NFS_CHECK in run.sh): "all" = doctor, the 4-rank check, then the RPC count;
 # "rpc" = only the RPC count (rpc_count.py: NFS RPCs per small all_reduce and per barrier per rank);
 # "restart" = only the server restart (restart_ranks.py: checked all_reduces while nfsd restarts)
-repo=$1 work=$2 check=${3:-all} rpc_ops=${4:-200}
+# $5 (FSDIST_NFS_IO in run.sh): FSDIST_IO for every rank (auto, direct, locked)
+repo=$1 work=$2 check=${3:-all} rpc_ops=${4:-200} io=${5:-auto}
 set -x
-export PATH=/usr/sbin:/usr/bin:/sbin:/bin PYTHONDONTWRITEBYTECODE=1 HOME=/tmp
+export PATH=/usr/sbin:/usr/bin:/sbin:/bin PYTHONDONTWRITEBYTECODE=1 HOME=/tmp FSDIST_IO=$io
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev 2>/dev/null
 # multiprocessing's semaphores (doctor's probes, torch) live in /dev/shm: without it SemLock fails with ENOENT
 mkdir -p /dev/shm && mount -t tmpfs tmpfs /dev/shm

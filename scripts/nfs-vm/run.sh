@@ -9,7 +9,8 @@
 # Then, on each version, the RPC count (rpc_count.py): the NFS RPCs per small all_reduce, per
 # barrier and per idle second per rank, by type, from the client's own counters.
 # FSDIST_NFS_CHECK=rpc runs only the RPC count (no doctor, no 4-rank check, no DDP);
-# FSDIST_NFS_RPC_OPS sets the ops per measured loop (default 200). FSDIST_NFS_CHECK=restart runs
+# FSDIST_NFS_RPC_OPS sets the ops per measured loop (default 200). FSDIST_NFS_IO=direct|locked sets
+# FSDIST_IO for every rank in the VM (default auto). FSDIST_NFS_CHECK=restart runs
 # only the server restart: 4 ranks' checked all_reduces while the NFS server restarts under them
 # (restart_ranks.py); the job must complete with correct results or fail with a clear error.
 # Result: the work folder's result.txt (also printed). ~25 minutes under software emulation (RPC count only: 11-15).
@@ -29,8 +30,9 @@ for path in "$repo" "$work"; do
     esac
   done
 done
-check=${FSDIST_NFS_CHECK:-all} rpc_ops=${FSDIST_NFS_RPC_OPS:-200}
+check=${FSDIST_NFS_CHECK:-all} rpc_ops=${FSDIST_NFS_RPC_OPS:-200} io=${FSDIST_NFS_IO:-auto}
 case "$check" in all|rpc|restart) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default), rpc or restart, not '$check'" >&2; exit 2;; esac
+case "$io" in auto|direct|locked) ;; *) echo "test-nfs: FSDIST_NFS_IO is auto (default), direct or locked, not '$io'" >&2; exit 2;; esac
 case "$rpc_ops" in ''|*[!0-9]*) echo "test-nfs: FSDIST_NFS_RPC_OPS must be a number, not '$rpc_ops'" >&2; exit 2;; esac
 [ "$(id -u)" = 0 ] || { echo "test-nfs: needs root" >&2; exit 77; }
 need=()
@@ -54,7 +56,7 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 for pass in 1 2; do for m in \$(cat /mods/order); do insmod /mods/\$m 2>/dev/null; done; done
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288 hostroot /host
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 share /host$work
-chroot /host /bin/bash $repo/scripts/nfs-vm/guest.sh $repo $work $check $rpc_ops > /host$work/guest.log 2>&1
+chroot /host /bin/bash $repo/scripts/nfs-vm/guest.sh $repo $work $check $rpc_ops $io > /host$work/guest.log 2>&1
 sync; poweroff -f
 INIT
 chmod +x "$work/initrd/init"
