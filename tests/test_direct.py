@@ -20,12 +20,12 @@ import torch
 
 import fsdist.files.direct as direct
 from fsdist.errors import FsdistError, ProtocolError
-from fsdist.files.direct import DirectRecord
+from fsdist.files.direct import DirectRecord, io_setting
 from fsdist.files.locks import LockedRecord
 from fsdist.fs.mounts import find_mount
 from fsdist.protocol import message, state_record
 from fsdist.transport.incoming import InlineMessage
-from fsdist.transport.locality import Locality, io_setting
+from fsdist.transport.locality import Locality
 from fsdist.transport.progress import Progress
 
 from harness import RankPool
@@ -283,3 +283,28 @@ def test_small_messages_in_a_direct_group_travel_in_the_records(direct_pool) -> 
 def test_point_to_point_in_a_direct_group(direct_pool, case) -> None:
     failures = [f"rank {rank}: {f}" for rank, res in enumerate(direct_pool.run(case)) for f in res]
     assert not failures, "\n".join(failures[:40])
+
+
+def test_a_direct_heartbeat_beats_without_the_lock_and_its_watcher_reads_it(shm, monkeypatch) -> None:
+    """With FSDIST_IO=direct a beat is one direct write: it goes on while another process would
+    hold the file's lock (a locked beat would wait), and a watcher reading directly sees it move."""
+    import fsdist.job.liveness as liveness
+
+    monkeypatch.setenv("FSDIST_IO", "direct")
+    monkeypatch.setattr(liveness, "HEARTBEAT_SECONDS", 0.01)
+    path = os.path.join(shm, "heartbeat.r0")
+    with LockedRecord(path) as other, other.held():
+        beat = liveness.Heartbeat(path)
+        watcher = direct.OwnCounter(path)
+        try:
+            seen = {watcher.try_get()}
+            deadline = time.monotonic() + 10
+            while len(seen) < 4 and time.monotonic() < deadline:
+                seen.add(watcher.try_get())
+                time.sleep(0.005)
+        finally:
+            beat.stop()
+            watcher.close()
+    assert len(seen - {None}) >= 3, f"the beat did not move while the lock was held: {seen}"
+    monkeypatch.setenv("FSDIST_IO", "locked")
+    assert not direct.records_direct_in(shm)

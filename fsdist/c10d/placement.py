@@ -17,13 +17,14 @@ from collections.abc import Callable, Sequence
 from .. import collectives as coll
 from ..collectives import hierarchical as hier
 from ..defaults import ENV_ALGO, ENV_IO, ENV_LOCAL_DIR, ENV_NODE_ID, local_dir
+from ..files.direct import io_setting
 from ..files.trust import node_directory
 from ..job.generation import Generation
 from ..job.liveness import PeerWatch
 from ..job.nodes import Nodes
 from ..protocol import layout
 from ..transport.group import GroupTransport
-from ..transport.locality import Locality, io_setting
+from ..transport.locality import Locality
 from ..transport.tiers import NodeTiers
 from .store import DirectoryStore
 

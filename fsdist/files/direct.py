@@ -12,6 +12,7 @@ whole, and never a value two writers change. ``FSDIST_IO=direct`` chooses it (tr
 from __future__ import annotations
 
 import fcntl
+import functools
 import os
 import secrets
 import time
@@ -21,11 +22,12 @@ from typing import TypeVar
 from ..defaults import ENV_IO, TORN_READ_SECONDS
 from ..errors import FsdistError, ProtocolError
 from .io import open_file, unlink_quietly
-from .locks import RECORD_MAX_BYTES, LockedRecord, OnWait
+from .locks import RECORD_MAX_BYTES, Counter, LockedRecord, OnWait, decode_counter, encode_counter
+from .seal import seal
 
 T = TypeVar("T")
 
-__all__ = ["DirectRecord"]
+__all__ = ["DirectRecord", "OwnCounter", "io_setting", "records_direct_in"]
 
 
 class DirectRecord(LockedRecord):
@@ -92,3 +94,48 @@ class DirectRecord(LockedRecord):
 
     def update(self, change: Callable[[bytes], bytes | None]) -> bytes:
         raise FsdistError(f"{self.path}: a direct record has one writer; a compare-and-set needs the lock")
+
+
+def io_setting() -> str:
+    """FSDIST_IO as given: ``auto`` (the default: locked records, until fsdist can tell by
+    measurement where direct I/O holds across clients), ``direct`` or ``locked``."""
+    setting = os.environ.get(ENV_IO, "auto") or "auto"
+    if setting not in ("auto", "direct", "locked"):
+        raise ValueError(f"{ENV_IO}={setting!r}: expected auto, direct or locked")
+    return setting
+
+
+@functools.lru_cache(maxsize=64)
+def _takes_direct_io(directory: str) -> bool:
+    return DirectRecord.refusal(directory) is None
+
+
+def records_direct_in(directory: str) -> bool:
+    """Whether one-writer records in ``directory`` (heartbeats) are direct: FSDIST_IO=direct and
+    a filesystem that takes it (asked once per directory). Either side of such a record may be
+    direct or locked alone: its tag finds a torn read."""
+    return io_setting() == "direct" and _takes_direct_io(directory)
+
+
+class OwnCounter:
+    """A counter file (files/locks.py ``Counter``'s format) with one writer, read and written
+    directly: a heartbeat's beat is one WRITE on NFS, not LOCK, GETATTR, READ, WRITE, UNLOCK."""
+
+    def __init__(self, path: str) -> None:
+        self._record = DirectRecord(path)
+        self._path = path
+        self._seal = seal(os.path.basename(path))
+
+    def try_get(self) -> int | None:
+        """The value, or None where the read met the writer's write (a beat not readable now)."""
+        try:
+            return decode_counter(self._record.read(0, Counter.SIZE), self._path, self._seal)
+        except ProtocolError:
+            return None
+
+    def set(self, value: int) -> None:
+        """Write ``value`` (this process is the counter's only writer)."""
+        self._record.write(encode_counter(value, self._path, self._seal))
+
+    def close(self) -> None:
+        self._record.close()

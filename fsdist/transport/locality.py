@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 from ..defaults import ENV_IO, ENV_REUSE_FILES
 from ..errors import FsdistError
-from ..files.direct import DirectRecord
+from ..files.direct import DirectRecord, io_setting
 from ..fs.mounts import is_local
 
-__all__ = ["Locality", "io_setting"]
+__all__ = ["Locality"]
 
 
 @dataclass(frozen=True)
@@ -59,12 +59,3 @@ class Locality:
         if direct and (why := DirectRecord.refusal(probed)) is not None:
             raise FsdistError(f"{ENV_IO}=direct: {directory}: {why}; use {ENV_IO}=locked (or auto) there")
         return cls(one_client, local, setting == "1" if setting in ("0", "1") else local, direct)
-
-
-def io_setting() -> str:
-    """FSDIST_IO as given: ``auto`` (the default: locked records, until fsdist can tell by
-    measurement where direct I/O holds across clients), ``direct`` or ``locked``."""
-    setting = os.environ.get(ENV_IO, "auto") or "auto"
-    if setting not in ("auto", "direct", "locked"):
-        raise ValueError(f"{ENV_IO}={setting!r}: expected auto, direct or locked")
-    return setting
