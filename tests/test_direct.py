@@ -1,9 +1,10 @@
 """Direct records (FSDIST_IO=direct): state records read and written with O_DIRECT and no lock.
 
 Nothing excludes a reader from the writer's write, so every read torn by a write must be found
-by the record's checks and read again, never acted on: these tests hand the reader torn bytes
-of each region (header, inline slot, point-to-point counters and slot), race a real writer
-process against a reader on tmpfs, and run collectives and point to point in direct groups.
+by the record's checks and read again, never acted on: these tests hand the reader torn
+point-to-point counters (a torn header or slot: test_transport.py, for both kinds of record),
+race a real writer process against a reader on tmpfs, and run collectives and point to point
+in direct groups.
 Where the filesystem wants direct I/O aligned (ext4, xfs) direct records are refused.
 """
 
@@ -23,7 +24,7 @@ from fsdist.errors import FsdistError, ProtocolError
 from fsdist.files.direct import DirectRecord, io_setting
 from fsdist.files.locks import LockedRecord
 from fsdist.fs.mounts import find_mount
-from fsdist.protocol import message, state_record
+from fsdist.protocol import state_record
 from fsdist.transport.incoming import InlineMessage
 from fsdist.transport.locality import Locality
 from fsdist.transport.progress import Progress
@@ -31,6 +32,7 @@ from fsdist.transport.progress import Progress
 from harness import RankPool
 from in_rank import collectives as cases
 from in_rank import p2p as p2p_cases
+from record_support import AliveWatch, publish_inline, queue_reads
 
 CTX = mp.get_context("fork")  # the parent has imported everything; fork starts in milliseconds
 #: filesystems that take direct I/O of any size at any offset
@@ -45,48 +47,15 @@ def shm():
     shutil.rmtree(path, ignore_errors=True)
 
 
-class _AliveWatch:
-    def dead_reason(self, rank: int) -> str | None:
-        return None
-
-    def close(self) -> None:
-        pass
-
-
 def _pair(directory: str) -> tuple[Progress, Progress]:
-    make = lambda rank: Progress(directory, rank, 2, _AliveWatch(), 5.0, direct=True)  # noqa: E731
+    make = lambda rank: Progress(directory, rank, 2, AliveWatch(), 5.0, direct=True)  # noqa: E731
     return make(0), make(1)
-
-
-def _publish(progress: Progress, seq: int, step: int, value: float) -> bytes:
-    """Rank ``progress`` enters ``seq`` and publishes ``value`` inline at ``step``; the message."""
-    progress.enter(seq, "all_reduce SUM float32[1]")
-    check = progress.collective_seal(progress.rank, step)
-    encoded = b"".join(
-        message.encode(seq, 0, progress.description, [torch.tensor([value])], check, message.INLINE_ALIGN)
-    )
-    progress.advance_inline(step, seq % state_record.INLINE_SLOTS, encoded)
-    return encoded
-
-
-def _record(directory: str, rank: int) -> bytes:
-    with open(os.path.join(directory, f"state.r{rank}"), "rb") as record:
-        return record.read()[: state_record.POSITION_SIZE]
 
 
 @pytest.fixture
 def torn_reads(monkeypatch):
     """Make the next direct reads return the given bytes (then the file's own again)."""
-    queued: list[bytes] = []
-    calls: list[str] = []
-    real = DirectRecord.read
-
-    def read(self, offset: int = 0, size: int | None = None) -> bytes:
-        calls.append(self.path)
-        return queued.pop(0) if queued else real(self, offset, size)
-
-    monkeypatch.setattr(DirectRecord, "read", read)
-    return queued, calls
+    return queue_reads(monkeypatch, DirectRecord, "read")
 
 
 def test_direct_records_need_a_filesystem_that_takes_unaligned_direct_io(tmp_path, shm, monkeypatch) -> None:
@@ -121,46 +90,6 @@ def test_a_direct_record_takes_no_lock_and_refuses_a_compare_and_set(shm) -> Non
     reader.close()
 
 
-def test_a_header_torn_by_a_write_is_read_again(shm, torn_reads) -> None:
-    queued, calls = torn_reads
-    reader, writer = _pair(shm)
-    _publish(writer, 1, 1, 3.0)
-    whole = bytearray(_record(shm, 1))
-    whole[40] ^= 0xFF  # half of a write inside the description: the header's tag fails
-    queued.extend([bytes(whole)] * 3)
-    reader.enter(1, writer.description)
-    state = reader.peer_state(1)
-    assert state.position == (1, 1) and state.description == writer.description
-    assert len(calls) == 4  # three torn reads, then the whole one; never a lock
-
-
-def test_a_newer_header_beside_an_older_slot_is_read_again_until_they_agree(shm, torn_reads) -> None:
-    queued, _ = torn_reads
-    reader, writer = _pair(shm)
-    _publish(writer, 1, 1, 3.0)
-    before = _record(shm, 1)
-    sent = _publish(writer, 2, 1, 5.0)  # step 1 of operation 2, in the next slot
-    after = _record(shm, 1)
-    queued.extend([after[: state_record.HEADER_SIZE] + before[state_record.HEADER_SIZE :]] * 3)
-    reader.enter(1, writer.description)
-    reader.enter(2, writer.description)
-    assert reader.peer_state(1).position == (2, 1)
-    assert reader.inline_message(1, 1, confirm=False) is None  # torn: maybe a file...
-    assert reader.inline_message(1, 1) == sent  # ...none there (the caller looked): read until whole
-
-
-def test_a_slot_torn_by_a_write_is_read_again(shm, torn_reads) -> None:
-    queued, _ = torn_reads
-    reader, writer = _pair(shm)
-    sent = _publish(writer, 1, 1, 3.0)
-    torn = bytearray(_record(shm, 1))
-    torn[state_record.slot_offset(1) + 40] ^= 0xFF  # inside the message of slot 1 (seq 1)
-    queued.extend([bytes(torn)] * 2)
-    reader.enter(1, writer.description)
-    reader.peer_state(1)
-    assert reader.inline_message(1, 1) == sent
-
-
 def test_point_to_point_counters_torn_by_a_send_are_read_again(shm, torn_reads) -> None:
     queued, _ = torn_reads
     reader, writer = _pair(shm)
@@ -181,7 +110,7 @@ def test_point_to_point_counters_torn_by_a_send_are_read_again(shm, torn_reads) 
 def test_a_record_damaged_for_good_is_refused_after_the_torn_read_bound(shm, monkeypatch) -> None:
     monkeypatch.setattr(direct, "TORN_READ_SECONDS", 0.05)
     reader, writer = _pair(shm)
-    _publish(writer, 1, 1, 3.0)
+    publish_inline(writer, 1, 1, 3.0)
     with open(os.path.join(shm, "state.r1"), "r+b") as record:
         record.seek(40)
         record.write(b"\xff")
@@ -195,13 +124,13 @@ def test_a_record_damaged_for_good_is_refused_after_the_torn_read_bound(shm, mon
 def _keep_publishing(directory: str, seconds: float) -> None:
     """Rank 1 of a direct pair: one operation after another, each value inline in its slot, at
     most 2 operations ahead of the reader (a slot is reused only once its readers are past it)."""
-    writer = Progress(directory, 1, 2, _AliveWatch(), 5.0, direct=True)
+    writer = Progress(directory, 1, 2, AliveWatch(), 5.0, direct=True)
     end, seq = time.monotonic() + seconds, 0
     while time.monotonic() < end:
         seq += 1
         while writer.peer_state(0).seq < seq - 2 and time.monotonic() < end + 30:
             pass
-        _publish(writer, seq, 1, float(seq))
+        publish_inline(writer, seq, 1, float(seq))
     writer.close()
 
 
@@ -209,7 +138,7 @@ def test_a_reader_racing_a_direct_writer_on_tmpfs_never_acts_on_a_torn_read(shm)
     """A real writer rewrites its header and a slot as fast as it can (no lock), while the reader
     reads: every header it accepts is whole, and every message it finds is the one published
     at that step (seq = value), over thousands of reads."""
-    reader = Progress(shm, 0, 2, _AliveWatch(), 5.0, direct=True)
+    reader = Progress(shm, 0, 2, AliveWatch(), 5.0, direct=True)
     writer = CTX.Process(target=_keep_publishing, args=(shm, 2.0))
     writer.start()
     seen, checked, deadline = 0, 0, time.monotonic() + 60

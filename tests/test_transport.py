@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import tempfile
 
 import pytest
 import torch
 
 from fsdist.errors import FsdistError, ProtocolError
+from fsdist.files.direct import DirectRecord
 from fsdist.files.io import publish
 from fsdist.files.locks import LockedRecord
 from fsdist.files.mapped import MappedFiles
@@ -26,72 +29,57 @@ from fsdist.transport.locality import Locality
 from fsdist.transport.progress import Progress
 from fsdist.transport.spares import SparePool
 
+from record_support import AliveWatch, position_bytes, publish_inline, queue_reads
+
 CRC = seal("test")  # the check without FSDIST_SECRET_FILE
-
-
-class _AliveWatch:
-    def dead_reason(self, rank: int) -> str | None:
-        return None
-
-    def close(self) -> None:
-        pass
 
 
 def _one_client(tmp_path, rank: int, size: int) -> GroupTransport:
     """Rank ``rank`` of a group whose ranks share one client (this process)."""
-    return GroupTransport(str(tmp_path), rank, size, _AliveWatch(), 5.0, locality=Locality.of(str(tmp_path), True))
+    return GroupTransport(str(tmp_path), rank, size, AliveWatch(), 5.0, locality=Locality.of(str(tmp_path), True))
 
 
 def _pair(tmp_path, optimistic: bool = True) -> tuple[Progress, Progress]:
-    make = lambda rank: Progress(str(tmp_path), rank, 2, _AliveWatch(), 5.0, optimistic=optimistic)  # noqa: E731
+    make = lambda rank: Progress(str(tmp_path), rank, 2, AliveWatch(), 5.0, optimistic=optimistic)  # noqa: E731
     return make(0), make(1)
-
-
-def _publish(progress: Progress, seq: int, step: int, value: float) -> bytes:
-    """Rank ``progress`` enters ``seq`` and publishes ``value`` inline at ``step``; the message."""
-    progress.enter(seq, "all_reduce SUM float32[1]")
-    check = progress.collective_seal(progress.rank, step)
-    encoded = b"".join(
-        message.encode(seq, 0, progress.description, [torch.tensor([value])], check, message.INLINE_ALIGN)
-    )
-    progress.advance_inline(step, seq % state_record.INLINE_SLOTS, encoded)
-    return encoded
-
-
-def _record(tmp_path, rank: int) -> bytes:
-    return open(tmp_path / f"state.r{rank}", "rb").read()[: state_record.POSITION_SIZE]
 
 
 @pytest.fixture
 def torn_reads(monkeypatch):
     """Make the next unlocked reads return the given bytes (then the file's own again)."""
-    queued: list[bytes] = []
-    real = LockedRecord.read_unlocked
-    calls = []
-
-    def read_unlocked(self, offset: int, size: int) -> bytes:
-        calls.append(self.path)
-        return queued.pop(0) if queued else real(self, offset, size)
-
-    monkeypatch.setattr(LockedRecord, "read_unlocked", read_unlocked)
-    return queued, calls
+    return queue_reads(monkeypatch, LockedRecord, "read_unlocked")
 
 
 def test_a_record_read_without_the_lock_is_used_when_it_is_whole(tmp_path, torn_reads) -> None:
     _, calls = torn_reads
     reader, writer = _pair(tmp_path)
-    sent = _publish(writer, 1, 1, 3.0)
+    sent = publish_inline(writer, 1, 1, 3.0)
     reader.enter(1, writer.description)
     assert reader.peer_state(1).position == (1, 1)
     assert reader.inline_message(1, 1) == sent
     assert len(calls) == 1  # one read, no lock, found both the step and its message
 
 
-def test_a_header_torn_by_a_write_is_read_again_under_the_lock(tmp_path, torn_reads) -> None:
-    queued, _ = torn_reads
-    reader, writer = _pair(tmp_path)
-    _publish(writer, 1, 1, 3.0)
-    whole = bytearray(_record(tmp_path, 1))
+@pytest.fixture(params=["locked", "direct"])
+def torn(request, tmp_path, monkeypatch):
+    """A reader and a writer (ranks 0 and 1) whose reader's next reads are handed torn bytes: a
+    locked record read without the lock first (then under it), or a direct record (FSDIST_IO=direct:
+    read again, directly, on tmpfs). (directory, reader, writer, the queue of torn reads)."""
+    direct = request.param == "direct"
+    if direct:
+        directory = tempfile.mkdtemp(prefix="fsdist-direct-", dir="/dev/shm")
+        request.addfinalizer(lambda: shutil.rmtree(directory, ignore_errors=True))
+    else:
+        directory = str(tmp_path)
+    queued, _ = queue_reads(monkeypatch, *((DirectRecord, "read") if direct else (LockedRecord, "read_unlocked")))
+    make = lambda rank: Progress(directory, rank, 2, AliveWatch(), 5.0, optimistic=True, direct=direct)  # noqa: E731
+    return directory, make(0), make(1), queued
+
+
+def test_a_header_torn_by_a_write_is_read_again(torn) -> None:
+    directory, reader, writer, queued = torn
+    publish_inline(writer, 1, 1, 3.0)
+    whole = bytearray(position_bytes(directory, 1))
     whole[40] ^= 0xFF  # half of a write inside the description: the header's CRC fails
     queued.extend([bytes(whole)] * 2)
     reader.enter(1, writer.description)
@@ -99,27 +87,26 @@ def test_a_header_torn_by_a_write_is_read_again_under_the_lock(tmp_path, torn_re
     assert state.position == (1, 1) and state.description == writer.description
 
 
-def test_a_newer_header_beside_an_older_slot_finds_the_message_under_the_lock(tmp_path, torn_reads) -> None:
-    queued, _ = torn_reads
-    reader, writer = _pair(tmp_path)
-    _publish(writer, 1, 1, 3.0)
-    before = _record(tmp_path, 1)
-    sent = _publish(writer, 2, 1, 5.0)  # step 1 of operation 2, in the next slot
-    after = _record(tmp_path, 1)
-    queued.extend([after[: state_record.HEADER_SIZE] + before[state_record.HEADER_SIZE :]] * 2)  # (never again)
+def test_a_newer_header_beside_an_older_slot_finds_the_message_when_read_again(torn) -> None:
+    directory, reader, writer, queued = torn
+    publish_inline(writer, 1, 1, 3.0)
+    before = position_bytes(directory, 1)
+    sent = publish_inline(writer, 2, 1, 5.0)  # step 1 of operation 2, in the next slot
+    after = position_bytes(directory, 1)
+    queued.extend([after[: state_record.HEADER_SIZE] + before[state_record.HEADER_SIZE :]] * 2)
     reader.enter(1, writer.description)
     reader.enter(2, writer.description)
     assert reader.peer_state(1).position == (2, 1)
-    assert reader.inline_message(1, 1) == sent
+    assert reader.inline_message(1, 1, confirm=False) is None  # torn: maybe a file (the caller looks)...
+    assert reader.inline_message(1, 1) == sent  # ...none: read again (under the lock, or until whole)
 
 
-def test_a_slot_torn_by_a_write_is_read_again_under_the_lock(tmp_path, torn_reads) -> None:
-    queued, _ = torn_reads
-    reader, writer = _pair(tmp_path)
-    sent = _publish(writer, 1, 1, 3.0)
-    torn = bytearray(_record(tmp_path, 1))
-    torn[state_record.slot_offset(1) + 40] ^= 0xFF  # inside the message of slot 1 (seq 1)
-    queued.extend([bytes(torn)] * 2)  # read again without the lock, it would be torn again
+def test_a_slot_torn_by_a_write_is_read_again(torn) -> None:
+    directory, reader, writer, queued = torn
+    sent = publish_inline(writer, 1, 1, 3.0)
+    torn_slot = bytearray(position_bytes(directory, 1))
+    torn_slot[state_record.slot_offset(1) + 40] ^= 0xFF  # inside the message of slot 1 (seq 1)
+    queued.extend([bytes(torn_slot)] * 2)
     reader.enter(1, writer.description)
     reader.peer_state(1)
     assert reader.inline_message(1, 1) == sent
@@ -127,7 +114,7 @@ def test_a_slot_torn_by_a_write_is_read_again_under_the_lock(tmp_path, torn_read
 
 def test_a_record_damaged_on_disk_is_still_refused(tmp_path) -> None:
     reader, writer = _pair(tmp_path)
-    _publish(writer, 1, 1, 3.0)
+    publish_inline(writer, 1, 1, 3.0)
     with open(tmp_path / "state.r1", "r+b") as record:
         record.seek(40)
         record.write(b"\xff")
@@ -139,7 +126,7 @@ def test_a_record_damaged_on_disk_is_still_refused(tmp_path) -> None:
 def test_groups_that_are_not_optimistic_read_under_the_lock_only(tmp_path, torn_reads) -> None:
     _, calls = torn_reads
     reader, writer = _pair(tmp_path, optimistic=False)
-    sent = _publish(writer, 1, 1, 3.0)
+    sent = publish_inline(writer, 1, 1, 3.0)
     reader.enter(1, writer.description)
     assert reader.inline_message(1, 1) == sent and reader.peer_state(1).position == (1, 1)
     assert calls == []
