@@ -65,9 +65,11 @@ def test_direct_records_need_a_filesystem_that_takes_unaligned_direct_io(tmp_pat
     assert (why is None) == (find_mount(here).fstype in UNALIGNED_OK), why
     monkeypatch.setenv("FSDIST_IO", "direct")
     assert Locality.of(shm, one_client=True).direct
-    if why is not None:  # the suite's own folder is on ext4 here: refused, naming it
+    if why is not None:  # the suite's own folder is on ext4 here: refused for a shared group, naming it...
         with pytest.raises(FsdistError, match=f"FSDIST_IO=direct: {here}: .*refuses unaligned direct I/O"):
-            Locality.of(here, one_client=True)
+            Locality.of(here, one_client=False)
+        # ...and locked for one machine's own (a node tier: every rank there finds the same)
+        assert not Locality.of(here, one_client=True).direct
     assert not [n for n in os.listdir(shm) if n.startswith(".tmp")], "the probe file was left behind"
     monkeypatch.setenv("FSDIST_IO", "sometimes")
     with pytest.raises(ValueError, match="expected auto, direct or locked"):

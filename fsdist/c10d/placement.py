@@ -113,7 +113,8 @@ def two_tiers(
     use = algo == "hier" or (algo == "auto" and nodes.tiers_help())
     directory = flat.directory
     key = layout.GROUP_ALGO_KEY + os.path.basename(directory)
-    mine = f"{'hier' if use else 'flat'} {ENV_IO}={io_setting()}"  # records' I/O too: all direct, or none
+    records = "direct" if io_setting() == "direct" else "locked"  # (auto is locked, for now)
+    mine = f"{'hier' if use else 'flat'} {ENV_IO}={records}"  # records' I/O too: all direct, or none
     if rank == 0:
         store.set(key, mine)
     elif (decided := store.get(key).decode()) != mine:

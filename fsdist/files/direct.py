@@ -11,8 +11,8 @@ whole, and never a value two writers change. ``FSDIST_IO=direct`` chooses it (tr
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
-import functools
 import os
 import secrets
 import time
@@ -92,6 +92,13 @@ class DirectRecord(LockedRecord):
             unlink_quietly(path)
         return None
 
+    def try_read(self, offset: int = 0, size: int | None = None) -> bytes | None:
+        """A read, as every read of a direct record: no lock to find busy."""
+        return self.read(offset, size)
+
+    def held(self, kind: int = 0) -> contextlib._GeneratorContextManager[None]:
+        raise FsdistError(f"{self.path}: a direct record takes no lock to hold")
+
     def update(self, change: Callable[[bytes], bytes | None]) -> bytes:
         raise FsdistError(f"{self.path}: a direct record has one writer; a compare-and-set needs the lock")
 
@@ -105,15 +112,18 @@ def io_setting() -> str:
     return setting
 
 
-@functools.lru_cache(maxsize=64)
+_TAKES_DIRECT_IO: set[str] = set()  # directories whose probe succeeded (a failure is asked again)
+
+
 def _takes_direct_io(directory: str) -> bool:
-    return DirectRecord.refusal(directory) is None
+    if directory not in _TAKES_DIRECT_IO and DirectRecord.refusal(directory) is None:
+        _TAKES_DIRECT_IO.add(directory)
+    return directory in _TAKES_DIRECT_IO
 
 
 def records_direct_in(directory: str) -> bool:
     """Whether one-writer records in ``directory`` (heartbeats) are direct: FSDIST_IO=direct and
-    a filesystem that takes it (asked once per directory). Either side of such a record may be
-    direct or locked alone: its tag finds a torn read."""
+    a filesystem that takes it (asked until it says yes, once per directory then)."""
     return io_setting() == "direct" and _takes_direct_io(directory)
 
 

@@ -1,8 +1,10 @@
 """A rank's state record ``state.r<rank>``: where the rank is, and its point-to-point counters.
 
-Written only by its rank, always under the file's fcntl lock (files/locks.py); read by its peers
-under the lock, or on local filesystems first without it (a torn read fails a CRC below, or finds
-an older slot beside a newer header, and is read again under the lock: transport/progress.py)::
+Written only by its rank, under the file's fcntl lock (files/locks.py); read by its peers under
+the lock, or on local filesystems first without it (a torn read fails a CRC below, or finds an
+older slot beside a newer header, and is read again under the lock: transport/progress.py).
+With FSDIST_IO=direct no lock is taken at all (files/direct.py): every read is read again until
+its checks pass and a step the header shows has its slot::
 
     offset  size  field
     0       4     magic b"FSST"
@@ -32,8 +34,8 @@ description and header CRC, checked by the reader). The
 writer reuses a slot only after every peer's record shows it past the slot's operation; with no
 free slot it publishes a file. A point-to-point slot is reused once the receiver's ``received``
 counter shows the message in it consumed; a sender writes a small message, its ``sent`` counter
-and the pair's ``received`` counter in one locked write, and the receiver reads all three (and
-the slots) in one locked read of the pair area.
+and the pair's ``received`` counter in one write, and the receiver reads all three (and the
+slots) in one read of the pair area (locked, but for direct records).
 
 The history hash chains every description so far: ``h(seq) = blake2b-64(h(seq-1) as 8 bytes
 little-endian ‖ description of seq)``, ``h(0) = 0``, read as a little-endian uint64. Two ranks

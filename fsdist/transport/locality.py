@@ -32,7 +32,7 @@ class Locality:
     #: GlusterFS does; NFS revalidates on open, but only as finely as its change attribute), so
     #: a fresh file per message is the path that is correct everywhere
     reuse_files: bool
-    #: state records are read and written with O_DIRECT and no lock (files/locks.py
+    #: state records are read and written with O_DIRECT and no lock (files/direct.py
     #: DirectRecord): FSDIST_IO=direct, where the filesystem takes unaligned direct I/O
     direct: bool = False
     #: records may be read without the lock first (torn reads retried): one local client, where
@@ -57,5 +57,7 @@ class Locality:
         while not os.path.isdir(probed) and os.path.dirname(probed) != probed:
             probed = os.path.dirname(probed)  # (a group's folder is made after this: its parent's filesystem)
         if direct and (why := DirectRecord.refusal(probed)) is not None:
-            raise FsdistError(f"{ENV_IO}=direct: {directory}: {why}; use {ENV_IO}=locked (or auto) there")
+            if not (one_client and local):  # (one machine's own folder: every rank finds the same)
+                raise FsdistError(f"{ENV_IO}=direct: {directory}: {why}; use {ENV_IO}=locked (or auto) there")
+            direct = False  # a node tier on a kernel whose tmpfs has no direct I/O: locked, as before
         return cls(one_client, local, setting == "1" if setting in ("0", "1") else local, direct)
