@@ -14,6 +14,7 @@ import multiprocessing as mp
 import os
 import shutil
 import tempfile
+import threading
 import time
 
 import pytest
@@ -25,6 +26,7 @@ from fsdist.files.direct import DirectRecord, io_setting
 from fsdist.files.locks import LockedRecord
 from fsdist.fs.mounts import find_mount
 from fsdist.protocol import state_record
+from fsdist.transport.group import GroupTransport
 from fsdist.transport.incoming import InlineMessage
 from fsdist.transport.locality import Locality
 from fsdist.transport.progress import Progress
@@ -32,7 +34,7 @@ from fsdist.transport.progress import Progress
 from harness import RankPool
 from in_rank import collectives as cases
 from in_rank import p2p as p2p_cases
-from record_support import AliveWatch, publish_inline, queue_reads
+from record_support import AliveWatch, position_bytes, publish_inline, queue_reads
 
 CTX = mp.get_context("fork")  # the parent has imported everything; fork starts in milliseconds
 #: filesystems that take direct I/O of any size at any offset
@@ -239,3 +241,34 @@ def test_a_direct_heartbeat_beats_without_the_lock_and_its_watcher_reads_it(shm,
     assert len(seen - {None}) >= 3, f"the beat did not move while the lock was held: {seen}"
     monkeypatch.setenv("FSDIST_IO", "locked")
     assert not direct.records_direct_in(shm)
+
+
+def test_a_slot_that_arrives_after_its_header_is_waited_for_not_taken_for_a_desync(shm) -> None:
+    """On NFS a record write larger than wsize is several WRITEs: the header can be seen well
+    before the slot it announces (here 1.5 s, past TORN_READ_SECONDS). The reader waits for the
+    slot, as for a step, instead of concluding the peer moved on without publishing."""
+    where = Locality(one_client=False, local=False, reuse_files=False, direct=True)
+    reader = GroupTransport(shm, 0, 2, AliveWatch(), 10.0, locality=where)
+    writer = GroupTransport(shm, 1, 2, AliveWatch(), 10.0, locality=where)
+    before = position_bytes(shm, 1)
+    writer.enter(1, "all_reduce SUM float32[1]")
+    writer.publish(1, [torch.tensor([3.0])])
+    after = position_bytes(shm, 1)
+    assert after[state_record.HEADER_SIZE :] != before[state_record.HEADER_SIZE :], "the message is not inline"
+    fd = os.open(os.path.join(shm, "state.r1"), os.O_WRONLY)
+    try:
+        os.pwrite(fd, after[: state_record.HEADER_SIZE] + before[state_record.HEADER_SIZE :], 0)  # first part
+        late = threading.Timer(1.5, lambda: os.pwrite(fd, after, 0))  # the rest, 1.5 s later
+        late.start()
+        reader.enter(1, "all_reduce SUM float32[1]")
+        start = time.monotonic()
+        reader.wait_for(1, 1)
+        with reader.open_message(1, 1) as msg:
+            value = torch.empty(1)
+            msg.read_into(0, value)
+        late.join()
+    finally:
+        os.close(fd)
+    assert value.item() == 3.0 and time.monotonic() - start >= 1.4
+    reader.close()
+    writer.close()

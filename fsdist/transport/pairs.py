@@ -260,11 +260,12 @@ class Pairs:
 
         A direct record's area may have been read while the send that wrote its counters and the
         slot in one write was under way: counters that count the message beside a torn or older
-        slot, and no file (a file is published before its counters). It is read again until the
-        slot is whole, for TORN_READ_SECONDS."""
+        slot, and no file (a file is published before its counters). It is read again: a torn
+        slot for TORN_READ_SECONDS at most, a missing one until the group's deadline (on NFS the
+        rest of the write may come a request later)."""
         where = f"{self._progress.state_path(src)} (message #{index} to rank {self._progress.rank})"
         check = self._seal(src, self._progress.rank, index)
-        give_up = time.monotonic() + TORN_READ_SECONDS
+        torn_until, missing_until = 0.0, time.monotonic() + self._progress.timeout
         while True:
             try:
                 slot = self._find(src, index)
@@ -272,9 +273,19 @@ class Pairs:
                     slot, where, lambda: os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index)),
                     lambda: self._ring_to_read(src), check, self._mapped,
                 )  # fmt: skip
-            except (FileNotFoundError, ProtocolError):
-                if not self._progress.direct or time.monotonic() >= give_up:
+            except (FileNotFoundError, ProtocolError) as exc:
+                if not self._progress.direct:
                     raise
+                now = time.monotonic()
+                if isinstance(exc, ProtocolError):  # torn for a moment, or damaged for good
+                    torn_until = torn_until or now + TORN_READ_SECONDS
+                    if now >= torn_until:
+                        raise
+                elif now >= missing_until:  # the rest of the send's write never came
+                    raise self._progress.timed_out(src, f"message #{index}, which its counters announce") from None
+                else:
+                    self._progress.check_health(src)
+                    time.sleep(0.0005)
                 self._take_area(src, locked=True)
                 continue
             if slot is not None:

@@ -24,7 +24,7 @@ from ..files.direct import DirectRecord
 from ..files.doorbell import Doorbell
 from ..files.locks import LockedRecord
 from ..files.seal import Seal, sealer
-from ..files.waiting import Deadline, Waiter
+from ..files.waiting import Deadline, Waiter, poll
 from ..job.liveness import PeerWatch
 from ..protocol import layout, state_record
 from ..protocol.state_record import PeerState
@@ -138,31 +138,43 @@ class Progress:
         """``peer``'s inline message of (current operation, ``step``), or None if it sent a file.
 
         Usually in the record as read by the wait that saw the step; read once more otherwise.
-        Where that record was read without the lock, None only says *maybe* a file (a torn
-        read can show the step beside an older slot): it is confirmed by a locked read, unless
-        ``confirm`` is False (the caller looks for the file first, and confirms if it is not
-        there). A direct record has no lock: its header and slot are read until they agree.
-        """
+        Read without the lock, None only says *maybe* a file (a torn read can show the step
+        beside an older slot): confirmed by a locked read (direct records: ``_whole_inline``),
+        unless ``confirm`` is False (the caller looks for the file first, then confirms)."""
         try:
             found = state_record.find_inline(self._seen[peer], self.seq, step)
         except ProtocolError:
             if not self.optimistic:
                 raise
             found = None  # a slot torn by a write while read without the lock: read it locked
-        give_up = time.monotonic() + TORN_READ_SECONDS if self.direct else 0.0
-        while found is None and confirm:
+        if found is None and confirm and self.direct:
+            return self._whole_inline(peer, step) or None
+        if found is None and confirm:
+            self.peer_state(peer, locked=True)
+            found = state_record.find_inline(self._seen[peer], self.seq, step)
+        return found
+
+    def _whole_inline(self, peer: int, step: int) -> bytes:
+        """A direct record's slot of ``step``, read until whole (b"": a later step, no slot: a file).
+        A header at this step with no slot (and no file: the caller looked) was read mid-write,
+        whose rest may come a request later (NFS): waited for like a step. A slot failing its
+        CRC is torn for TORN_READ_SECONDS at most, then damaged."""
+        torn_since = 0.0
+
+        def whole() -> bytes | None:
+            nonlocal torn_since
             theirs = self.peer_state(peer, locked=True)
             try:
                 found = state_record.find_inline(self._seen[peer], self.seq, step)
-            except ProtocolError:  # a slot torn by the write (direct records; else a damaged one)
-                if time.monotonic() >= give_up:
+            except ProtocolError:
+                torn_since = torn_since or time.monotonic()
+                if time.monotonic() - torn_since >= TORN_READ_SECONDS:
                     raise
-                continue
-            # direct records: a header at this very step with no slot for it (and no file: the
-            # caller looked) was read while the write that carries both was under way
-            if theirs.position != (self.seq, step) or time.monotonic() >= give_up:
-                break
-        return found
+                return None
+            return found if found is not None or theirs.position == (self.seq, step) else b""
+
+        missing = lambda: self.timed_out(peer, f"step {step}'s slot, which its record announces")  # noqa: E731
+        return poll(whole, Deadline(self.timeout), missing, lambda _: self.check_health(peer))
 
     def close(self) -> None:
         """Mark this rank's record closed (peers waiting for it fail at once) and let go of files."""
