@@ -52,3 +52,20 @@ def queue_reads(monkeypatch: Any, cls: type, name: str) -> tuple[list[bytes], li
 
     monkeypatch.setattr(cls, name, read)
     return queued, calls
+
+
+def direct_io_folder() -> str:
+    """A fresh private folder on /dev/shm for direct records (tmpfs takes unaligned O_DIRECT from
+    Linux 6.6 on); the test is skipped, saying why, on a kernel whose tmpfs refuses it."""
+    import tempfile
+
+    import pytest
+
+    from fsdist.files.direct import DirectRecord
+
+    path = tempfile.mkdtemp(prefix="fsdist-direct-", dir="/dev/shm")
+    why = DirectRecord.refusal(path)
+    if why is not None:
+        os.rmdir(path)
+        pytest.skip(f"/dev/shm cannot hold direct records on this kernel: {why}")
+    return path

@@ -13,7 +13,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
-import tempfile
 import threading
 import time
 
@@ -34,7 +33,7 @@ from fsdist.transport.progress import Progress
 from harness import RankPool
 from in_rank import collectives as cases
 from in_rank import p2p as p2p_cases
-from record_support import AliveWatch, position_bytes, publish_inline, queue_reads
+from record_support import AliveWatch, direct_io_folder, position_bytes, publish_inline, queue_reads
 
 CTX = mp.get_context("fork")  # the parent has imported everything; fork starts in milliseconds
 #: filesystems that take direct I/O of any size at any offset
@@ -44,7 +43,7 @@ UNALIGNED_OK = ("tmpfs", "nfs", "nfs4")
 @pytest.fixture
 def shm():
     """A private folder on /dev/shm (tmpfs: unaligned direct I/O works there)."""
-    path = tempfile.mkdtemp(prefix="fsdist-direct-", dir="/dev/shm")
+    path = direct_io_folder()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
@@ -172,7 +171,7 @@ DIRECT_WORLDS = [2, 3]
 
 @pytest.fixture(scope="module", params=DIRECT_WORLDS)
 def direct_pool(request):
-    directory = tempfile.mkdtemp(prefix="fsdist-direct-job-", dir="/dev/shm")
+    directory = direct_io_folder()
     pool = RankPool(request.param, env={"FSDIST_IO": "direct"}, directories=[directory] * request.param)
     yield pool
     pool.close()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import tempfile
 
 import pytest
 import torch
@@ -29,7 +28,7 @@ from fsdist.transport.locality import Locality
 from fsdist.transport.progress import Progress
 from fsdist.transport.spares import SparePool
 
-from record_support import AliveWatch, position_bytes, publish_inline, queue_reads
+from record_support import AliveWatch, direct_io_folder, position_bytes, publish_inline, queue_reads
 
 CRC = seal("test")  # the check without FSDIST_SECRET_FILE
 
@@ -67,7 +66,7 @@ def torn(request, tmp_path, monkeypatch):
     read again, directly, on tmpfs). (directory, reader, writer, the queue of torn reads)."""
     direct = request.param == "direct"
     if direct:
-        directory = tempfile.mkdtemp(prefix="fsdist-direct-", dir="/dev/shm")
+        directory = direct_io_folder()
         request.addfinalizer(lambda: shutil.rmtree(directory, ignore_errors=True))
     else:
         directory = str(tmp_path)
