@@ -263,34 +263,37 @@ class Pairs:
         slot, and no file (a file is published before its counters). It is read again: a torn
         slot for TORN_READ_SECONDS at most, a missing one until the group's deadline (on NFS the
         rest of the write may come a request later)."""
-        where = f"{self._progress.state_path(src)} (message #{index} to rank {self._progress.rank})"
-        check = self._seal(src, self._progress.rank, index)
-        torn_until, missing_until = 0.0, time.monotonic() + self._progress.timeout
-        while True:
+        progress = self._progress
+        where = f"{progress.state_path(src)} (message #{index} to rank {progress.rank})"
+        check = self._seal(src, progress.rank, index)
+        torn_since = 0.0
+
+        def opened() -> Incoming | None:
+            nonlocal torn_since
             try:
                 slot = self._find(src, index)
                 incoming = open_incoming(
-                    slot, where, lambda: os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index)),
+                    slot, where, lambda: os.path.join(self.directory, layout.p2p_name(src, progress.rank, index)),
                     lambda: self._ring_to_read(src), check, self._mapped,
                 )  # fmt: skip
             except (FileNotFoundError, ProtocolError) as exc:
-                if not self._progress.direct:
+                if not progress.direct:
                     raise
-                now = time.monotonic()
                 if isinstance(exc, ProtocolError):  # torn for a moment, or damaged for good
-                    torn_until = torn_until or now + TORN_READ_SECONDS
-                    if now >= torn_until:
+                    torn_since = torn_since or time.monotonic()
+                    if time.monotonic() - torn_since >= TORN_READ_SECONDS:
                         raise
-                elif now >= missing_until:  # the rest of the send's write never came
-                    raise self._progress.timed_out(src, f"message #{index}, which its counters announce") from None
-                else:
-                    self._progress.check_health(src)
-                    time.sleep(0.0005)
-                self._take_area(src, locked=True)
-                continue
+                self._take_area(src, locked=True)  # (a missing slot: the rest of the write may come later)
+                return None
             if slot is not None:
                 self._inline_open.add((src, index))
             return incoming
+
+        found = opened()  # the usual case: no deadline, no wait
+        if found is not None:
+            return found
+        missing = lambda: progress.timed_out(src, f"message #{index}, which its counters announce")  # noqa: E731
+        return poll(opened, progress.deadline(), missing, lambda _: progress.check_health(src))
 
     def _seal(self, src: int, dst: int, index: int) -> Seal:
         return self._progress.p2p_seal(src, dst, index)
