@@ -1,9 +1,9 @@
 """Where every rank of a group is: its own state record, its peers' records, and the waits on them.
 
-Each rank owns one state record (protocol/state_record.py), written only by that rank under an
-fcntl lock: the operation it is in, the step of it it has reached, the operation's description
-and the hash of every description so far. Peers learn that a step (and its message) exists by
-reading that record under the lock, never by stat-ing a name that may not exist yet (NFS caches
+Each rank owns one state record (protocol/state_record.py), written only by that rank (under an
+fcntl lock; direct records, none): the operation it is in, the step of it it has reached, the
+operation's description and the hash of every description so far. Peers learn that a step (and
+its message) exists by reading that record, never by stat-ing a name that may not exist yet (NFS caches
 the absence of a name for up to a minute). The same reads detect desynchronised calls: a peer
 in this operation with another description, or whose history hash differs from this rank's at
 the same operation, called something else.
