@@ -7,7 +7,8 @@
 #         (one identity shared by both mounts would make them one client, with one cache)
 # $3 (FSDIST_NFS_CHECK in run.sh): "all" = doctor, the 4-rank check, then the RPC count;
 # "rpc" = only the RPC count (rpc_count.py: NFS RPCs per small all_reduce and per barrier per rank);
-# "restart" = only the server restart (restart_ranks.py: checked all_reduces while nfsd restarts)
+# "restart" = only the server restart (restart_ranks.py: checked all_reduces while nfsd restarts);
+# "torn" = only the torn-read check (torn_ranks.py: writer through /mnt/a, reader through /mnt/b)
 # $5 (FSDIST_NFS_IO in run.sh): FSDIST_IO for every rank (auto, direct, locked)
 repo=$1 work=$2 check=${3:-all} rpc_ops=${4:-200} io=${5:-auto}
 set -x
@@ -65,15 +66,20 @@ suite() {
   rm -rf /mnt/a/job
 }
 
-# rpc_suite LABEL: 4 ranks as above count the NFS RPCs of small all_reduces, barriers and idle time
+# rpc_suite LABEL [tiers]: 4 ranks as above count the NFS RPCs of small all_reduces, barriers,
+# idle time, 2 ranks and large ops; "tiers": each mount's ranks are one node (FSDIST_NODE_ID =
+# the client), so only the two leaders reach the server
 rpc_suite() {
-  echo "== $1: RPC count, $rpc_ops ops per kind, ranks 0-1 through /mnt/a, 2-3 through /mnt/b"
+  local mode=${2:-flat} label=$1
+  [ "$mode" = tiers ] && label="$1 two tiers"
+  echo "== $label: RPC count, $rpc_ops ops per kind, ranks 0-1 through /mnt/a, 2-3 through /mnt/b"
   echo "/proc/net/rpc: $(ls /proc/net/rpc | tr '\n' ' ')"
   mkdir -p /mnt/a/rpcjob; chmod 700 /mnt/a/rpcjob
   local start=$(date +%s)
   for r in 0 1 2 3; do
-    d=/mnt/a/rpcjob; [ $r -ge 2 ] && d=/mnt/b/rpcjob
-    timeout -s USR1 -k 30 900 $py "$repo/scripts/nfs-vm/rpc_count.py" $d $r 4 "$1" "$rpc_ops" 2 &
+    d=/mnt/a/rpcjob node=client-a; [ $r -ge 2 ] && d=/mnt/b/rpcjob node=client-b
+    [ "$mode" = tiers ] || node=
+    FSDIST_NODE_ID=$node timeout -s USR1 -k 30 900 $py "$repo/scripts/nfs-vm/rpc_count.py" $d $r 4 "$label" "$rpc_ops" 2 $mode &
   done
   wait
   echo "RPC count done in $(( $(date +%s) - start )) s"
@@ -101,10 +107,22 @@ restart_suite() {
   rm -rf /mnt/a/rsjob
 }
 
+# torn_suite LABEL: direct records' torn reads, each region type, writer and reader on two clients
+torn_suite() {
+  echo "== $1: torn reads of direct records, writer through /mnt/a, reader through /mnt/b"
+  mkdir -p /mnt/a/tornjob; chmod 700 /mnt/a/tornjob
+  local start=$(date +%s)
+  timeout -s USR1 -k 30 600 $py "$repo/scripts/nfs-vm/torn_ranks.py" /mnt/a/tornjob /mnt/b/tornjob 5 "$1"
+  echo "torn-read check done in $(( $(date +%s) - start )) s"
+  rm -rf /mnt/a/tornjob
+}
+
 checks() {
   if [ "$check" = restart ]; then restart_suite "$1"; return; fi
-  [ "$check" = rpc ] || suite "$1"
+  if [ "$check" = torn ]; then torn_suite "$1"; return; fi
+  [ "$check" = rpc ] || { suite "$1"; torn_suite "$1"; }
   rpc_suite "$1"
+  rpc_suite "$1" tiers
 }
 
 : >"$work/result.raw"
@@ -131,14 +149,21 @@ umount /mnt/a /mnt/b
         || echo "RESULT NOTE ($v, server restart: $passes of 4 ranks completed; the others failed with the errors above)"
       continue
     fi
+    if [ "$check" = all ] || [ "$check" = torn ]; then
+      passes=$(grep -c "^torn .* PASS ($v)" "$work/result.raw")
+      [ "$passes" = 5 ] && echo "RESULT PASS ($v, torn reads)" || echo "RESULT FAIL ($v, torn reads: $passes of 5 checks passed)"
+      [ "$check" = torn ] && continue
+    fi
     if [ "$check" != rpc ]; then
       passes=$(grep -c "^rank [0-3] PASS ($v)" "$work/result.raw")
       [ "$passes" = 4 ] && echo "RESULT PASS ($v, two clients)" || echo "RESULT FAIL ($v: $passes of 4 ranks passed)"
     fi
-    passes=$(grep -c "^rank [0-3] PASS ($v, RPC count)" "$work/result.raw")
-    [ "$passes" = 4 ] && echo "RESULT PASS ($v, RPC count)" || echo "RESULT FAIL ($v, RPC count: $passes of 4 ranks passed)"
+    for kind in "$v" "$v two tiers"; do
+      passes=$(grep -c "^rank [0-3] PASS ($kind, RPC count)" "$work/result.raw")
+      [ "$passes" = 4 ] && echo "RESULT PASS ($kind, RPC count)" || echo "RESULT FAIL ($kind, RPC count: $passes of 4 ranks passed)"
+    done
   done
-  if [ "$check" != restart ]; then
+  if [ "$check" != restart ] && [ "$check" != torn ]; then
     echo "== RPCs per op (per second when idle) per rank, by type"
     $py "$repo/scripts/nfs-vm/mountstats.py" summary "$work/result.raw"
   fi

@@ -27,6 +27,10 @@ TRACE_HIST = "/sys/kernel/tracing/events/sunrpc/rpc_request/hist"
 
 _DEVICE = re.compile(r"^device (\S+) mounted on (\S+) with fstype (\S+)")
 _OP = re.compile(r"^\s*([A-Z_0-9]+):\s+(\d+)\b")
+_BYTES = re.compile(r"^\s*bytes:\s+(\d+(?:\s+\d+){5,})")
+#: the "bytes:" line's fields kept (nfs_iostat's order: normal read, normal write, direct read,
+#: direct write, server read, server write, ...): what crossed the wire, whichever way it was read
+BYTES_READ, BYTES_WRITTEN = "bytes read from server", "bytes written to server"
 
 
 def parse_mountstats(text: str) -> dict[str, dict[str, int]]:
@@ -44,6 +48,11 @@ def parse_mountstats(text: str) -> dict[str, dict[str, int]]:
             continue
         if line.strip() == "per-op statistics":
             in_ops = True
+            continue
+        counted = _BYTES.match(line)
+        if counted:
+            fields = [int(x) for x in counted.group(1).split()]
+            current[BYTES_READ], current[BYTES_WRITTEN] = fields[4], fields[5]
             continue
         op = _OP.match(line) if in_ops else None
         if op:
@@ -120,6 +129,11 @@ def _kinds(records: list[dict[str, object]]) -> list[tuple[str, str, str]]:
     return list(seen)
 
 
+def is_bytes(name: str) -> bool:
+    """A byte count (mountstats' "bytes:" line), not an RPC: reported in MiB, not in totals."""
+    return name.startswith("bytes ")
+
+
 def _fmt(x: float | None) -> str:
     return "–" if x is None else (f"{x:.2f}" if x < 100 else f"{x:.0f}")
 
@@ -131,9 +145,12 @@ def summary(records: list[dict[str, object]]) -> str:
         rates = per_rank(records, label, source, kind) or {}
         unit = "second" if kind.startswith("idle") else "op"
         out.append(f"{label}, {source}, {kind}: RPCs per {unit} per rank")
-        for op in sorted(rates, key=lambda o: -rates[o]):
-            out.append(f"  {op:<28} {_fmt(rates[op])}")
-        out.append(f"  {'total':<28} {_fmt(sum(rates.values()))}")
+        calls = {op: v for op, v in rates.items() if not is_bytes(op)}
+        for op in sorted(calls, key=lambda o: -calls[o]):
+            out.append(f"  {op:<28} {_fmt(calls[op])}")
+        out.append(f"  {'total':<28} {_fmt(sum(calls.values()))}")
+        for op in sorted(set(rates) - set(calls)):
+            out.append(f"  {op:<28} {rates[op] / 2**20:.2f} MiB")
     return "\n".join(out)
 
 
@@ -187,7 +204,8 @@ def compare(before: list[dict[str, object]], after: list[dict[str, object]]) -> 
         for k in kinds:
             for side in (a[k], b[k]):
                 for name, v in side.items():
-                    names[name] = max(names.get(name, 0.0), v)
+                    if not is_bytes(name):  # (RPCs only: byte counts are in the summary)
+                        names[name] = max(names.get(name, 0.0), v)
         ordered = sorted(names, key=lambda n: ("(" in n, -names[n]))
         nfs_rows = [n for n in ordered if "(" not in n]
         extra_rows = [n for n in ordered if "(" in n]

@@ -13,6 +13,9 @@
 # FSDIST_IO for every rank in the VM (default auto). FSDIST_NFS_CHECK=restart runs
 # only the server restart: 4 ranks' checked all_reduces while the NFS server restarts under them
 # (restart_ranks.py); the job must complete with correct results or fail with a clear error.
+# FSDIST_NFS_CHECK=torn runs only the torn-read check (torn_ranks.py: each region type of direct
+# records, a reader on one client racing its writer on the other; a writer cut off mid-record),
+# which every full run makes too.
 # Result: the work folder's result.txt (also printed). ~25 minutes under software emulation (RPC count only: 11-15).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -31,7 +34,7 @@ for path in "$repo" "$work"; do
   done
 done
 check=${FSDIST_NFS_CHECK:-all} rpc_ops=${FSDIST_NFS_RPC_OPS:-200} io=${FSDIST_NFS_IO:-auto}
-case "$check" in all|rpc|restart) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default), rpc or restart, not '$check'" >&2; exit 2;; esac
+case "$check" in all|rpc|restart|torn) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default), rpc, restart or torn, not '$check'" >&2; exit 2;; esac
 case "$io" in auto|direct|locked) ;; *) echo "test-nfs: FSDIST_NFS_IO is auto (default), direct or locked, not '$io'" >&2; exit 2;; esac
 case "$rpc_ops" in ''|*[!0-9]*) echo "test-nfs: FSDIST_NFS_RPC_OPS must be a number, not '$rpc_ops'" >&2; exit 2;; esac
 [ "$(id -u)" = 0 ] || { echo "test-nfs: needs root" >&2; exit 77; }
