@@ -60,11 +60,27 @@ SPIN_SECONDS = 50e-6
 WAKE_SPIN_SECONDS = 300e-6
 FIRST_SLEEP_SECONDS = 20e-6
 MAX_SLEEP_SECONDS = 2e-3
-#: A wait that has lasted this long sleeps up to LONG_SLEEP_SECONDS between polls: a peer on
-#: this machine wakes the waiter anyway, so only a peer on another machine is noticed later
-#: (by at most a tenth of the wait so far), and a blocked rank wakes 100 times a second, not 500.
+#: A look at a peer on another client (files/waiting.py ``Pacing``): the weight of each wait in
+#: the learned arrival time and first-look hit rate; the fraction of a time found at the paced
+#: look that the next guess takes (so it follows a peer that comes sooner); below which hit rate
+#: the first look is skipped, and every how many waits it is made anyway (to notice a change).
+PACING_WEIGHT = 0.25
+PACING_EARLIER = 0.75
+PACING_SKIP_BELOW = 0.2
+PACING_PROBE_EVERY = 8
+#: A wait that has lasted this long sleeps up to LONG_SLEEP_SECONDS between polls, and beyond
+#: that up to LONG_WAIT_FRACTION of the wait so far (at most LONGEST_SLEEP_SECONDS): a peer on
+#: this machine wakes the waiter anyway, so only a peer on another machine is noticed later (by
+#: at most an eighth of the wait), and on NFS, where each look is a READ, a rank blocked for
+#: seconds costs a few READs a second, not 100 (its health checks are spaced alike).
 LONG_WAIT_SECONDS = 0.1
 LONG_SLEEP_SECONDS = 10e-3
+LONG_WAIT_FRACTION = 0.125
+LONGEST_SLEEP_SECONDS = 1.0
+#: A wait woken by its peer's doorbell looks anyway after this long without a wake-up (one lost
+#: to a full pipe, or sent before the pipe existed), then after pauses doubling up to
+#: WOKEN_MAX_SLEEP_SECONDS: a safety net, each look a READ on NFS.
+WOKEN_MAX_SLEEP_SECONDS = 80e-3
 #: A busy fcntl lock is retried at once for this long (a healthy holder keeps it for microseconds),
 #: then with doubling pauses from FIRST_SLEEP_SECONDS up to LOCK_MAX_SLEEP_SECONDS, and up to
 #: LONG_SLEEP_SECONDS once the wait lasted LONG_WAIT_SECONDS. `fsdist bench locks`, 8 processes
@@ -76,8 +92,11 @@ LOCK_MAX_SLEEP_SECONDS = 0.5e-3
 LOCK_TIMEOUT_SECONDS = 120.0
 #: How often a long wait also checks the abort marker and whether its peers are alive.
 HEALTH_CHECK_SECONDS = 0.1
-#: Each rank raises its heartbeat counter this often...
-HEARTBEAT_SECONDS = 1.0
+#: Each rank raises its heartbeat counter every fifth of the heartbeat timeout, at most this
+#: often: 2 s under the default timeout, 0.4 s under a 2 s one. On NFS a beat is a round trip
+#: to the server, and an idle rank costs nothing else (issue 33: at most 1 RPC a second).
+HEARTBEAT_SECONDS = 2.0
+HEARTBEAT_BEATS_PER_TIMEOUT = 5
 #: ...and a peer on another machine whose counter stalls this long is declared dead.
 HEARTBEAT_TIMEOUT_SECONDS = 10.0
 ENV_HEARTBEAT_TIMEOUT = "FSDIST_HEARTBEAT_TIMEOUT"
@@ -98,8 +117,9 @@ GC_BYTES = 32 << 20
 ENV_REUSE_FILES = "FSDIST_REUSE_FILES"
 #: How a group's state records are read and written: ``locked`` (every access under the file's
 #: fcntl lock), ``direct`` (O_DIRECT on kept descriptors, no lock: one writer per record, readers
-#: check), ``auto`` (the default: ``locked``, until fsdist can tell by measurement where direct
-#: I/O holds across clients). Set alike on every rank: a difference fails group creation.
+#: check), ``auto`` (the default: ``direct`` for the shared directory of a job across clients
+#: where the job measures that a direct write on one client is read at once on another,
+#: job/io_choice.py; else ``locked``). Set alike on every rank: a difference fails the job's start.
 ENV_IO = "FSDIST_IO"
 #: How long a reader of a direct record keeps reading again while what it reads is torn by the
 #: writer's write (a write takes microseconds, one round trip on NFS): past it, the record is

@@ -9,9 +9,12 @@ minutes. Sizes cover both all_reduce algorithms (one round, and sliced from 256 
 from __future__ import annotations
 
 import functools
+import importlib
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Any
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -210,20 +213,52 @@ def test_every_rank_gets_the_same_bits_and_nobody_leaves_a_barrier_early(world: 
         assert bits == results[0], f"rank {rank} got other bits than rank 0"
 
 
-def test_a_small_all_reduce_goes_through_rank_0_only_where_every_wait_is_rung() -> None:
-    """The choice every rank makes alike: the group size, the bytes, and whether all ranks share
-    one client (from the rendezvous record); polled waits (other NFS clients) keep doubling."""
+def test_a_small_all_reduce_goes_through_rank_0_from_4_to_31_ranks() -> None:
+    """The choice every rank makes alike, from the group size and the bytes alone: through rank 0
+    from 4 to 31 ranks (on one client or across clients, whose looks are paced), doubling above."""
     from fsdist.collectives.allreduce import small_form
+
+    assert small_form(4, 8) is all_reduce_rooted
+    assert small_form(31, 1024) is all_reduce_rooted
+    assert small_form(32, 8) is all_reduce_doubling
+    assert small_form(3, 8) is None  # one round: every rank reads 2 records
+    assert small_form(4, 1025) is None  # not small
+
+
+@pytest.mark.parametrize("world", [4, 5, 8, 31, 32])
+def test_a_barrier_across_clients_goes_through_rank_0_and_nobody_leaves_early(world: int) -> None:
+    """Across clients (every wait a look at the server) a barrier of 4 to 31 ranks goes through
+    rank 0; from 32 by doubling. Either way no rank leaves before the last one entered."""
+    from fsdist.collectives import doubling, rooted
     from fsdist.transport.locality import Locality
 
-    ONE_CLIENT = Locality(one_client=True, local=True, reuse_files=True)  # noqa: N806
-    CLIENTS = Locality(one_client=False, local=False, reuse_files=False)  # noqa: N806
-    assert small_form(4, 8, ONE_CLIENT) is all_reduce_rooted
-    assert small_form(31, 1024, ONE_CLIENT) is all_reduce_rooted
-    assert small_form(4, 8, CLIENTS) is all_reduce_doubling
-    assert small_form(32, 8, ONE_CLIENT) is all_reduce_doubling
-    assert small_form(3, 8, ONE_CLIENT) is None  # one round: every rank reads 2 records
-    assert small_form(4, 1025, ONE_CLIENT) is None  # not small
+    entered: list[int] = []
+    used: list[str] = []
+
+    def body(ch: MemoryChannel) -> None:
+        ch.locality = Locality(one_client=False, local=False, reuse_files=False)
+        for seq in range(1, 4):
+            if ch.rank == (seq * 3) % world:
+                time.sleep(0.05)  # the late rank
+            entered.append(ch.rank)
+            ch.enter(seq, "barrier")
+            coll.barrier(ch)
+            assert len(entered) >= world * seq, f"rank {ch.rank} left barrier #{seq} early"
+
+    def spy(name: str, form: Any) -> Any:
+        def run(t: Any, *args: Any) -> None:
+            used.append(name)
+            form(t, *args)
+
+        return run
+
+    coll_barrier = importlib.import_module("fsdist.collectives.barrier")  # (coll.barrier: the function)
+    with (
+        patch.object(coll_barrier, "barrier_rooted", spy("rooted", rooted.barrier_rooted)),
+        patch.object(coll_barrier, "barrier_doubling", spy("doubling", doubling.barrier_doubling)),
+    ):
+        MemoryWorld(world).run(body)
+    assert set(used) == {"rooted" if world < 32 else "doubling"}
 
 
 @pytest.mark.parametrize("world", [*WORLDS, 11, 16])

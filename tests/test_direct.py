@@ -13,8 +13,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -75,8 +78,11 @@ def test_direct_records_need_a_filesystem_that_takes_unaligned_direct_io(tmp_pat
     monkeypatch.setenv("FSDIST_IO", "sometimes")
     with pytest.raises(ValueError, match="expected auto, direct or locked"):
         io_setting()
-    monkeypatch.setenv("FSDIST_IO", "auto")
-    assert not Locality.of(shm, one_client=True).direct  # auto: locked records, for now
+    monkeypatch.setenv("FSDIST_IO", "auto")  # auto: direct only where the job chose it (job/io_choice.py)
+    assert not Locality.of(shm, one_client=True).direct
+    assert Locality.of(shm, one_client=False, chosen=True).direct
+    monkeypatch.setenv("FSDIST_IO", "locked")
+    assert not Locality.of(shm, one_client=False, chosen=True).direct
 
 
 def test_a_direct_record_takes_no_lock_and_refuses_a_compare_and_set(shm) -> None:
@@ -218,15 +224,14 @@ def test_point_to_point_in_a_direct_group(direct_pool, case) -> None:
 
 
 def test_a_direct_heartbeat_beats_without_the_lock_and_its_watcher_reads_it(shm, monkeypatch) -> None:
-    """With FSDIST_IO=direct a beat is one direct write: it goes on while another process would
+    """With direct records a beat is one direct write: it goes on while another process would
     hold the file's lock (a locked beat would wait), and a watcher reading directly sees it move."""
     import fsdist.job.liveness as liveness
 
-    monkeypatch.setenv("FSDIST_IO", "direct")
     monkeypatch.setattr(liveness, "HEARTBEAT_SECONDS", 0.01)
     path = os.path.join(shm, "heartbeat.r0")
     with LockedRecord(path) as other, other.held():
-        beat = liveness.Heartbeat(path)
+        beat = liveness.Heartbeat(path, direct=True)
         watcher = direct.OwnCounter(path)
         try:
             seen = {watcher.try_get()}
@@ -238,8 +243,7 @@ def test_a_direct_heartbeat_beats_without_the_lock_and_its_watcher_reads_it(shm,
             beat.stop()
             watcher.close()
     assert len(seen - {None}) >= 3, f"the beat did not move while the lock was held: {seen}"
-    monkeypatch.setenv("FSDIST_IO", "locked")
-    assert not direct.records_direct_in(shm)
+    assert direct.takes_direct_io(shm)
 
 
 def test_a_slot_that_arrives_after_its_header_is_waited_for_not_taken_for_a_desync(shm) -> None:
@@ -271,3 +275,105 @@ def test_a_slot_that_arrives_after_its_header_is_waited_for_not_taken_for_a_desy
     assert value.item() == 3.0 and time.monotonic() - start >= 1.4
     reader.close()
     writer.close()
+
+
+# ---- FSDIST_IO=auto: the job measures whether direct records hold across its clients -------------
+
+
+class _Store:
+    """The job's store as the choice uses it, shared by threads: ``get`` waits for the key."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self._changed = threading.Condition()
+
+    def set(self, key: str, value: str) -> None:
+        with self._changed:
+            self.values[key] = value.encode()
+            self._changed.notify_all()
+
+    def get(self, key: str) -> bytes:
+        with self._changed:
+            assert self._changed.wait_for(lambda: key in self.values, timeout=20), f"nobody set {key}"
+            return self.values[key]
+
+
+def _choose_everywhere(directory: str, clients: list[str]) -> list[Any]:
+    """Every rank's Choice (or exception), each rank a thread; rank r reaches the directory
+    through client ``clients[r]``."""
+    from fsdist.job.io_choice import choose_records
+    from fsdist.job.liveness import Identity
+
+    members = [Identity("h", 100 + r, 1, "m", client=c) for r, c in enumerate(clients)]
+    store, out = _Store(), [None] * len(clients)
+
+    def rank(r: int) -> None:
+        try:
+            out[r] = choose_records(store, directory, members, r)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            out[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_auto_chooses_direct_records_where_a_direct_write_is_read_at_once_on_another_client(shm, monkeypatch):
+    monkeypatch.delenv("FSDIST_IO", raising=False)
+    choices = _choose_everywhere(shm, ["a", "a", "b", "b", "c"])
+    assert all(c.direct for c in choices), choices
+    assert "3 clients" in choices[0].why
+    assert not [n for n in os.listdir(shm) if n.startswith("io-probe")], "a probe file was left behind"
+
+
+def test_auto_keeps_locked_records_where_a_direct_read_shows_an_older_write(shm, monkeypatch):
+    """A filesystem caching behind O_DIRECT (here: reads that keep showing the first nonce) shows
+    in the second round: every rank gets locked records, with the reason."""
+    monkeypatch.delenv("FSDIST_IO", raising=False)
+    first: dict[str, bytes] = {}
+    read = DirectRecord.read
+
+    def cached(self: DirectRecord, offset: int = 0, size: int | None = None) -> bytes:
+        return first.setdefault(self.path, read(self, offset, size))
+
+    monkeypatch.setattr(DirectRecord, "read", cached)
+    choices = _choose_everywhere(shm, ["a", "b"])
+    assert all(not c.direct for c in choices), choices
+    assert all("caches behind O_DIRECT" in c.why and "round 2" in c.why for c in choices)
+
+
+def test_auto_keeps_locked_records_on_one_client_or_where_direct_io_is_refused(shm, tmp_path, monkeypatch):
+    monkeypatch.delenv("FSDIST_IO", raising=False)
+    assert all(not c.direct and "one client" in c.why for c in _choose_everywhere(shm, ["a"] * 3))
+    why = DirectRecord.refusal(str(tmp_path))
+    if why is not None:  # (ext4 and xfs want direct I/O aligned)
+        choices = _choose_everywhere(str(tmp_path), ["a", "b"])
+        assert all(not c.direct and "refuses unaligned direct I/O" in c.why for c in choices), choices
+
+
+def test_forced_records_are_not_measured_and_must_be_set_alike(shm, monkeypatch):
+    monkeypatch.setenv("FSDIST_IO", "locked")
+    assert all(not c.direct and c.why == "FSDIST_IO=locked" for c in _choose_everywhere(shm, ["a", "b"]))
+    monkeypatch.setenv("FSDIST_IO", "direct")
+    assert all(c.direct for c in _choose_everywhere(shm, ["a", "b"]))
+    from fsdist.job.io_choice import choose_records
+    from fsdist.job.liveness import Identity
+
+    store = _Store()
+    store.set("fsdist/io-probe/setting", "auto")  # rank 0's
+    with pytest.raises(ValueError, match="FSDIST_IO=direct here, auto on rank 0: set FSDIST_IO alike"):
+        choose_records(store, shm, [Identity("h", 1, 1, client="a"), Identity("h", 2, 1, client="b")], 1)
+
+
+def test_torn_reads_of_every_region_type_and_a_writer_cut_off_on_tmpfs(shm) -> None:
+    """The NFS VM's torn-read check (scripts/nfs-vm/torn_ranks.py: a reader racing its writer for
+    a record's position, a pair area and a counter; a writer cut off mid-record), here on tmpfs."""
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "nfs-vm", "torn_ranks.py")
+    done = subprocess.run(
+        [sys.executable, script, shm, shm, "1.0", "tmpfs"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(" PASS (tmpfs)") == 5, done.stdout

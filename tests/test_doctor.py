@@ -25,11 +25,20 @@ def _verdicts(report: dict) -> dict[str, str]:
     return {f["name"]: f["verdict"] for f in report["findings"]}
 
 
+def _detail(report: dict, name: str) -> str:
+    return next(f["detail"] for f in report["findings"] if f["name"] == name)
+
+
 def test_doctor_passes_local_disk(tmp_path) -> None:
     rc, report = _doctor(str(tmp_path), "--peer-mount", str(tmp_path))
     assert rc == 0 and report["verdict"] == OK, report
     assert _verdicts(report)["lost updates"] == OK
     assert os.listdir(tmp_path) == []  # its scratch folder is gone
+    # which records FSDIST_IO=auto would give a job across clients here, and why
+    records = _detail(report, "records (FSDIST_IO=auto)")
+    assert records.startswith("direct: a direct write through A was read at once") or records.startswith(
+        "locked: its filesystem refuses unaligned direct I/O"
+    ), records
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK), reason="no writable /dev/shm")
@@ -40,6 +49,7 @@ def test_doctor_passes_tmpfs(tmp_path) -> None:
         rc, report = _doctor(directory)
         assert rc == 0 and report["verdict"] == OK, report
         assert report["mounts"]["A"]["fstype"] == "tmpfs"
+        assert _detail(report, "records (FSDIST_IO=auto)").startswith("locked on one client; across clients a job")
     finally:
         shutil.rmtree(directory)
 

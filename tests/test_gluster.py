@@ -100,6 +100,13 @@ def test_strict_gluster_two_mounts(strict_pool: RankPool, case, args) -> None:
     print(f"{case.__name__}{args}: {time.monotonic() - start:.1f} s")
 
 
+def test_strict_gluster_records_as_measured(strict_pool: RankPool) -> None:
+    """FSDIST_IO=auto measured the two mounts: what it chose, the same on every rank."""
+    choices = strict_pool.run(cases_tiers.records_chosen)
+    print(f"records: {choices[0]}")
+    assert choices == ["direct"] * len(choices), choices  # (measured: docs/filesystems.md, GlusterFS)
+
+
 def test_strict_gluster_ddp(strict_pool: RankPool) -> None:
     assert max(strict_pool.run(cases_training.ddp_matches_reference, "plain")) <= 1e-6
 

@@ -260,7 +260,7 @@ def test_one_node_id_on_two_machines_is_refused_on_every_rank(monkeypatch) -> No
         def set(self, key: str, value: str) -> None: ...
 
         def get(self, key: str) -> bytes:
-            return b"hier FSDIST_IO=locked"
+            return b"hier FSDIST_IO=auto"
 
     for rank in range(4):
         with pytest.raises(ValueError, match=r"ranks 0, 1 of this group count as one node .* FSDIST_NODE_ID"):
@@ -269,6 +269,6 @@ def test_one_node_id_on_two_machines_is_refused_on_every_rank(monkeypatch) -> No
     # of a direct writer's record could read it torn)
     monkeypatch.setenv("FSDIST_IO", "direct")
     with pytest.raises(
-        ValueError, match=r"as 'hier FSDIST_IO=direct' .*rank 0 as 'hier FSDIST_IO=locked'.*FSDIST_IO alike"
+        ValueError, match=r"as 'hier FSDIST_IO=direct' .*rank 0 as 'hier FSDIST_IO=auto'.*FSDIST_IO alike"
     ):
         two_tiers(Store(), generation, range(4), 2, SimpleNamespace(directory="/nonexistent/k.0.0"), 10.0)  # type: ignore[arg-type]

@@ -76,7 +76,9 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         )
         self._t = self._collectives.flat  # point-to-point messages always go flat
         self._ops = OpLog(generation.rank, group_id)
-        self._heartbeat = Heartbeat(generation.heartbeat_path(generation.rank)) if owns_generation else None
+        self._heartbeat = (
+            Heartbeat(generation.heartbeat_path(generation.rank), generation.direct) if owns_generation else None
+        )
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._queue = OpQueue(f"g{group_id}-r{rank}", on_error=self._broke)

@@ -11,6 +11,7 @@ through the store.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Sequence
 
@@ -20,6 +21,7 @@ from ..defaults import ENV_ALGO, ENV_IO, ENV_LOCAL_DIR, ENV_NODE_ID, local_dir
 from ..files.direct import io_setting
 from ..files.trust import node_directory
 from ..job.generation import Generation
+from ..job.io_choice import choose_records
 from ..job.liveness import PeerWatch
 from ..job.nodes import Nodes
 from ..protocol import layout
@@ -27,6 +29,8 @@ from ..transport.group import GroupTransport
 from ..transport.locality import Locality
 from ..transport.tiers import NodeTiers
 from .store import DirectoryStore
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Channel", "Collectives", "group_collectives", "two_tiers"]
 
@@ -84,12 +88,15 @@ def group_collectives(
     incarnation = generation.incarnations.get(group_id, 0)
     generation.incarnations[group_id] = incarnation + 1
     directory = layout.group_dir(generation.directory, group_id, incarnation)
+    if generation.records is None:  # the job's first group: before its heartbeat starts
+        generation.records = choose_records(store, generation.directory, generation.members, generation.rank)
+        log.info("fsdist: rank %d: %s records: %s", generation.rank,
+                 "direct" if generation.direct else "locked", generation.records.why)  # fmt: skip
     members = [generation.members[g] for g in global_ranks]
-    watch = PeerWatch(members, [generation.heartbeat_path(g) for g in global_ranks])
+    watch = PeerWatch(members, [generation.heartbeat_path(g) for g in global_ranks], direct=generation.direct)
     one_client = len({member.client for member in members}) == 1
-    flat = GroupTransport(
-        directory, rank, len(global_ranks), watch, timeout, locality=Locality.of(directory, one_client)
-    )
+    locality = Locality.of(directory, one_client, chosen=generation.direct)
+    flat = GroupTransport(directory, rank, len(global_ranks), watch, timeout, locality=locality)
     if not owns_generation and rank == 0:  # `fsdist status` maps the group's ranks to the job's
         store.set(layout.GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(list(global_ranks)))
     return Collectives(flat, two_tiers(store, generation, global_ranks, rank, flat, timeout))
@@ -113,8 +120,7 @@ def two_tiers(
     use = algo == "hier" or (algo == "auto" and nodes.tiers_help())
     directory = flat.directory
     key = layout.GROUP_ALGO_KEY + os.path.basename(directory)
-    records = "direct" if io_setting() == "direct" else "locked"  # (auto is locked, for now)
-    mine = f"{'hier' if use else 'flat'} {ENV_IO}={records}"  # records' I/O too: all direct, or none
+    mine = f"{'hier' if use else 'flat'} {ENV_IO}={io_setting()}"  # records' I/O too: all direct, or none
     if rank == 0:
         store.set(key, mine)
     elif (decided := store.get(key).decode()) != mine:
@@ -138,10 +144,11 @@ def two_tiers(
     def watch_of(ranks: Sequence[int]) -> PeerWatch:
         job_ranks = [global_ranks[r] for r in ranks]
         return PeerWatch(
-            [generation.members[g] for g in job_ranks], [generation.heartbeat_path(g) for g in job_ranks], ranks
-        )
+            [generation.members[g] for g in job_ranks], [generation.heartbeat_path(g) for g in job_ranks], ranks,
+            generation.direct,
+        )  # fmt: skip
 
     placement = generation.members[global_ranks[rank]].placement
     node_tier = layout.node_group_dir(node_directory(), generation.generation_id, placement, directory)
     leaders_directory = os.path.join(directory, layout.LEADERS_DIR)
-    return NodeTiers(nodes, rank, node_tier, leaders_directory, watch_of, timeout, flat)
+    return NodeTiers(nodes, rank, node_tier, leaders_directory, watch_of, timeout, flat, generation.direct)

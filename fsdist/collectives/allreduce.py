@@ -28,7 +28,7 @@ from ..defaults import (
     DOUBLING_MIN_RANKS,
     ROOTED_MIN_RANKS,
 )
-from ..transport.interfaces import CollectiveChannel, Locality
+from ..transport.interfaces import CollectiveChannel
 from ._common import read_part, reduce_into_own
 from .doubling import all_reduce_doubling
 from .reduce_ops import Reduction, finish
@@ -37,13 +37,13 @@ from .rooted import all_reduce_rooted
 _SmallForm = Callable[[CollectiveChannel, Sequence[torch.Tensor], Reduction, int], None]
 
 
-def small_form(size: int, nbytes: int, locality: Locality) -> _SmallForm | None:
+def small_form(size: int, nbytes: int) -> _SmallForm | None:
     """The form for a small all_reduce of ``nbytes`` in a group of ``size`` ranks, if it has one:
-    through rank 0 where every wait is woken (one client; rooted.py says why), else by doubling.
-    ``locality.one_client`` is the same on every rank, so every rank chooses alike."""
+    through rank 0 up to ALLREDUCE_DOUBLING_MIN_RANKS ranks (rooted.py says why), else by
+    doubling."""
     if nbytes > DOUBLING_MAX_BYTES or size < DOUBLING_MIN_RANKS:
         return None
-    if locality.one_client and size >= ROOTED_MIN_RANKS and size < ALLREDUCE_DOUBLING_MIN_RANKS:
+    if ROOTED_MIN_RANKS <= size < ALLREDUCE_DOUBLING_MIN_RANKS:
         return all_reduce_rooted
     return all_reduce_doubling
 
@@ -53,7 +53,7 @@ def all_reduce(t: CollectiveChannel, tensor: torch.Tensor, reduction: Reduction,
     if t.size == 1:
         finish(reduction, tensor, 1)
         return
-    small = small_form(t.size, tensor.numel() * tensor.element_size(), t.locality)
+    small = small_form(t.size, tensor.numel() * tensor.element_size())
     if small is not None:
         small(t, [tensor], reduction, first_step)
         return
@@ -93,7 +93,7 @@ def all_reduce_coalesced(t: CollectiveChannel, tensors: Sequence[torch.Tensor], 
     form's 2 steps, the rooted form's 2, or doubling's 2 + log2 P).
     """
     total = sum(x.numel() * x.element_size() for x in tensors)
-    small = small_form(t.size, total, t.locality)
+    small = small_form(t.size, total)
     if small is not None and len(tensors) > 1:
         small(t, tensors, reduction, 1)
         return

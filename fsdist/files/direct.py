@@ -27,7 +27,7 @@ from .seal import seal
 
 T = TypeVar("T")
 
-__all__ = ["DirectRecord", "OwnCounter", "io_setting", "records_direct_in"]
+__all__ = ["DirectRecord", "OwnCounter", "io_setting", "takes_direct_io"]
 
 
 class DirectRecord(LockedRecord):
@@ -104,8 +104,8 @@ class DirectRecord(LockedRecord):
 
 
 def io_setting() -> str:
-    """FSDIST_IO as given: ``auto`` (the default: locked records, until fsdist can tell by
-    measurement where direct I/O holds across clients), ``direct`` or ``locked``."""
+    """FSDIST_IO as given: ``auto`` (the default: direct records where the job measures that they
+    hold across its clients, job/io_choice.py), ``direct`` or ``locked``."""
     setting = os.environ.get(ENV_IO, "auto") or "auto"
     if setting not in ("auto", "direct", "locked"):
         raise ValueError(f"{ENV_IO}={setting!r}: expected auto, direct or locked")
@@ -115,16 +115,12 @@ def io_setting() -> str:
 _TAKES_DIRECT_IO: set[str] = set()  # directories whose probe succeeded (a failure is asked again)
 
 
-def _takes_direct_io(directory: str) -> bool:
+def takes_direct_io(directory: str) -> bool:
+    """Whether ``directory``'s filesystem takes unaligned direct I/O (``DirectRecord.refusal``;
+    asked until it says yes, once per directory then)."""
     if directory not in _TAKES_DIRECT_IO and DirectRecord.refusal(directory) is None:
         _TAKES_DIRECT_IO.add(directory)
     return directory in _TAKES_DIRECT_IO
-
-
-def records_direct_in(directory: str) -> bool:
-    """Whether one-writer records in ``directory`` (heartbeats) are direct: FSDIST_IO=direct and
-    a filesystem that takes it (asked until it says yes, once per directory then)."""
-    return io_setting() == "direct" and _takes_direct_io(directory)
 
 
 class OwnCounter:

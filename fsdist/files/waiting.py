@@ -12,8 +12,9 @@ machine wakes the rank through its doorbell when it reaches a step the rank wait
 record only then (or when a sleep ended without one: a wake-up lost to a full pipe, or sent
 before this rank's pipe existed). Where a core is free for it, it busy-waits for the wake-up a
 moment first: a sleeping virtual CPU takes 50-100 µs to wake, more than a small operation. A
-peer on another machine cannot wake it: its record is polled. Waits for any peer (readers done
-with this rank's messages, stragglers catching up) sleep on the doorbell too.
+peer on another machine cannot wake it: its record is polled, each look a READ on NFS, paced
+by ``Pacing``: when that peer tends to arrive is learned, and looked for then. Waits for any
+peer (readers done with this rank's messages, stragglers catching up) sleep on the doorbell too.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from ..defaults import (
     FIRST_SLEEP_SECONDS,
@@ -30,16 +31,23 @@ from ..defaults import (
     LOCK_MAX_SLEEP_SECONDS,
     LOCK_SPIN_SECONDS,
     LONG_SLEEP_SECONDS,
+    LONG_WAIT_FRACTION,
     LONG_WAIT_SECONDS,
+    LONGEST_SLEEP_SECONDS,
     MAX_SLEEP_SECONDS,
+    PACING_EARLIER,
+    PACING_PROBE_EVERY,
+    PACING_SKIP_BELOW,
+    PACING_WEIGHT,
     SPIN_SECONDS,
     WAKE_SPIN_SECONDS,
+    WOKEN_MAX_SLEEP_SECONDS,
 )
 from .doorbell import RUN_QUEUE, Doorbell
 
 T = TypeVar("T")
 
-__all__ = ["BELL", "LOCKING", "POLLING", "WOKEN", "Deadline", "Schedule", "Waiter", "poll"]
+__all__ = ["BELL", "LOCKING", "POLLING", "REMOTE_LOOKS", "WOKEN", "Deadline", "Pacing", "Schedule", "Waiter", "poll"]
 
 
 class Deadline:
@@ -56,33 +64,64 @@ class Deadline:
         return max(0.0, self.end - time.monotonic())
 
 
+class Pace(Protocol):
+    """What ``poll`` asks of its schedule (``Schedule``, ``Pacing``)."""
+
+    @property
+    def spin(self) -> float: ...
+
+    @property
+    def yields(self) -> bool: ...
+
+    def next_pause(self, pause: float, waited: float) -> float: ...
+
+
 @dataclass(frozen=True)
 class Schedule:
     """How a wait paces its attempts: one after another for ``spin`` seconds (yielding the CPU
-    between them where ``yields``), then pauses doubling from ``first`` up to ``cap``, and up to
-    LONG_SLEEP_SECONDS once the wait has lasted LONG_WAIT_SECONDS (a long wait is rarely ended
-    by a short pause, and on NFS every attempt is a round trip)."""
+    between them where ``yields``), then pauses doubling from ``first`` up to ``cap``, and once
+    the wait has lasted LONG_WAIT_SECONDS up to ``long_cap`` (a long wait is rarely ended by a
+    short pause, and on NFS every attempt is a round trip); a lock's waiters (``grows`` False)
+    stop at LONG_SLEEP_SECONDS, or the lock would go to those that retry sooner."""
 
     spin: float
     first: float
     cap: float
     yields: bool = False
+    grows: bool = True
 
     def next_pause(self, pause: float, waited: float) -> float:
         """The pause after ``pause``, ``waited`` seconds into the wait."""
-        cap = self.cap if waited < LONG_WAIT_SECONDS else max(self.cap, LONG_SLEEP_SECONDS)
-        return min(max(pause * 2, self.first), cap)
+        return min(max(pause * 2, self.first), long_cap(self.cap, waited, self.grows))
+
+
+def long_cap(cap: float, waited: float, grows: bool = True) -> float:
+    """The longest pause ``waited`` seconds into a wait whose pauses stop at ``cap`` while short:
+    LONG_SLEEP_SECONDS from LONG_WAIT_SECONDS on, then an eighth of the wait (LONGEST_SLEEP_SECONDS at
+    most): noticed that much later, at a few looks a second."""
+    if waited < LONG_WAIT_SECONDS:
+        return cap
+    if not grows:
+        return max(cap, LONG_SLEEP_SECONDS)
+    return max(cap, LONG_SLEEP_SECONDS, min(waited * LONG_WAIT_FRACTION, LONGEST_SLEEP_SECONDS))
+
+
+def health_interval(waited: float) -> float:
+    """How long after a health check, ``waited`` seconds into a wait, the next one comes: every
+    HEALTH_CHECK_SECONDS, and as the pauses grow in a long wait, no more often than they (each
+    check reads the abort record and a peer's heartbeat: READs on NFS)."""
+    return max(HEALTH_CHECK_SECONDS, min(waited * LONG_WAIT_FRACTION, LONGEST_SLEEP_SECONDS))
 
 
 #: attempts at once for a moment, then short pauses (a peer's step, a store key, a rendezvous)
 POLLING = Schedule(SPIN_SECONDS, FIRST_SLEEP_SECONDS, MAX_SLEEP_SECONDS)
 #: a busy lock: retried at once for a while, the CPU yielded to the holder in between; then
 #: pauses short enough not to lose the lock to those that retry sooner (defaults.py says why)
-LOCKING = Schedule(LOCK_SPIN_SECONDS, FIRST_SLEEP_SECONDS, LOCK_MAX_SLEEP_SECONDS, yields=True)
+LOCKING = Schedule(LOCK_SPIN_SECONDS, FIRST_SLEEP_SECONDS, LOCK_MAX_SLEEP_SECONDS, yields=True, grows=False)
 #: a pause that a doorbell ends when a peer moves: no spinning (every attempt reads records)
 BELL = Schedule(0.0, FIRST_SLEEP_SECONDS, MAX_SLEEP_SECONDS)
 #: a peer that wakes this rank: its wake-up ends the sleep, the schedule is only the safety net
-WOKEN = Schedule(0.0, LONG_SLEEP_SECONDS, LONG_SLEEP_SECONDS)
+WOKEN = Schedule(0.0, LONG_SLEEP_SECONDS, WOKEN_MAX_SLEEP_SECONDS)
 
 
 def poll(
@@ -91,7 +130,7 @@ def poll(
     on_timeout: Callable[[], BaseException],
     health_check: Callable[[float], None] | None = None,
     sleep: Callable[[float], object] = time.sleep,
-    schedule: Schedule = POLLING,
+    schedule: Pace = POLLING,
 ) -> T:
     """Call ``attempt`` until it returns something other than ``None``.
 
@@ -119,9 +158,94 @@ def poll(
             return result
         if health_check is not None and now >= next_health:
             health_check(now - start)
-            next_health = now + HEALTH_CHECK_SECONDS
+            next_health = now + health_interval(now - start)
         if now >= deadline.end:
             raise on_timeout()
+
+
+class Looks:
+    """How many times this process looked for peers on other clients, in how many waits: each
+    look is a READ on NFS (``fsdist bench`` and the NFS VM's RPC count report looks per op)."""
+
+    def __init__(self) -> None:
+        self.looks = 0
+        self.waits = 0
+
+
+#: this process's looks at peers on other clients (every group's waits together)
+REMOTE_LOOKS = Looks()
+
+
+class Pacing:
+    """When to look at one peer on another client, learned from when it arrived before.
+
+    A look is a round trip to the server, so a wait should look when the peer is likely there,
+    not as often as it can. It looks at once (the peer may be there already) unless the last
+    several waits never found it so, then again when it arrived in past waits (``expected``:
+    a little earlier each time the look then finds it, so the guess follows a peer that comes
+    sooner; as late as the look that found it where the look then missed), then with
+    pauses doubling from one round trip (the last look's duration: never faster than the server
+    answers) up to the Schedule's caps. A wait that lasts costs a bounded rate of READs; one
+    whose peer keeps its pace costs one or two.
+    """
+
+    spin = 0.0
+    yields = False
+
+    def __init__(self) -> None:
+        #: seconds into a wait at which the peer was found (0: at once), smoothed
+        self.expected = 0.0
+        #: how often the first look found the peer, smoothed (it is skipped when rarely)
+        self.at_once = 1.0
+        #: the last look's duration: no look follows another sooner
+        self.round_trip = FIRST_SLEEP_SECONDS
+        self._skipped = 0  # waits in a row that skipped their first look
+        self._start = 0.0  # when this wait began, and how many of its looks missed
+        self._misses = 0
+
+    def wait(self, look: Callable[[], T | None], missed: bool = False) -> Callable[[], T | None]:
+        """``look`` paced for one wait: pass it to ``poll`` with this as the schedule. ``missed``:
+        the caller looked just now and did not find the peer (that was the first look)."""
+        self._start = time.monotonic()
+        self._misses = 1 if missed else 0
+        skip = not missed and self.at_once < PACING_SKIP_BELOW and self._skipped < PACING_PROBE_EVERY
+        self._skipped = self._skipped + 1 if skip else 0
+        pending_skip = skip or missed
+        REMOTE_LOOKS.waits += 1
+        REMOTE_LOOKS.looks += missed
+
+        def paced() -> T | None:
+            nonlocal pending_skip
+            if pending_skip:  # poll's first call: the look is made after the pause instead
+                pending_skip = False
+                return None
+            began = time.monotonic()
+            found = look()
+            self.round_trip = time.monotonic() - began
+            REMOTE_LOOKS.looks += 1
+            if found is not None:
+                self._learn(began - self._start, skip)
+            else:
+                self._misses += 1
+            return found
+
+        return paced
+
+    def _learn(self, found_at: float, skipped: bool) -> None:
+        if not skipped:  # the first look was made: did it find the peer?
+            self.at_once += PACING_WEIGHT * ((1.0 if self._misses == 0 else 0.0) - self.at_once)
+        if self._misses == 0 and not skipped:  # there at once: it may come at once again
+            self.expected += PACING_WEIGHT * (0.0 - self.expected)
+        elif self._misses <= (0 if skipped else 1):  # found by the look at the expected time:
+            self.expected += PACING_WEIGHT * (PACING_EARLIER * found_at - self.expected)  # maybe sooner
+        else:  # the look at the expected time was too early: no sooner than this next time
+            self.expected = found_at
+
+    def next_pause(self, pause: float, waited: float) -> float:
+        floor = max(self.round_trip, FIRST_SLEEP_SECONDS)
+        if pause == 0.0 and self.expected > waited + floor:
+            return self.expected - waited  # look next when the peer tends to arrive
+        return min(max(pause * 2, floor), max(long_cap(MAX_SLEEP_SECONDS, waited), floor))
 
 
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -134,16 +258,19 @@ class Waiter:
         self.bell = bell
         self._size = size
         self._local_ranks = 0  # ranks of the group on this machine (see ``cores_to_spin``)
+        self._pacing: dict[int, Pacing] = {}  # each peer on another client's
 
     def for_peer(
         self, peer: int, arrived: Callable[[], T | None], timeout: float, on_timeout: Callable[[], BaseException],
-        health_check: Callable[[float], None],
+        health_check: Callable[[float], None], missed: bool = False,
     ) -> T:  # fmt: skip
         """Until ``arrived()`` returns something (it reads ``peer``'s record): by ``peer``'s wake-up
         where it can wake this rank, else by polling; for ``timeout`` seconds after a spin (a
-        spin that ends the wait, the usual case, sets no deadline)."""
-        if not self.bell.reaches(peer):  # another host: its steps are found by polling alone
-            return poll(arrived, Deadline(timeout), on_timeout, health_check)
+        spin that ends the wait, the usual case, sets no deadline). ``missed``: the caller called
+        ``arrived()`` just now, in vain (a peer on another client is not looked at again at once)."""
+        if not self.bell.reaches(peer):  # another client: its steps are found by looking alone
+            pacing = self._pacing.get(peer) or self._pacing.setdefault(peer, Pacing())
+            return poll(pacing.wait(arrived, missed), Deadline(timeout), on_timeout, health_check, schedule=pacing)
         if self.cores_to_spin():
             end = time.monotonic() + WAKE_SPIN_SECONDS
             while (left := end - time.monotonic()) > 0:

@@ -16,7 +16,9 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from ..defaults import ENV_IO
 from ..errors import UntrustedPathError
+from ..files.direct import DirectRecord
 from ..files.io import remove_tree
 from ..files.trust import adopt_run_directory, make_private_dir, resolve_directory
 from . import probes
@@ -144,6 +146,8 @@ def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
     else:
         out.append(Finding("new file (listdir)", OK, f"a new file was listed after {by_list * 1e3:.1f} ms"))
 
+    out.append(_records(a, b, across))
+
     held, reopened = probes.rewrite_visibility(os.path.join(a, "record"), os.path.join(b, "record"))
     if held is None or held > _COHERENT_SECONDS:
         seen = "not within 3 s" if held is None else f"only after {held:.2f} s"
@@ -165,6 +169,25 @@ def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
         )
     )
     return out
+
+
+def _records(a: str, b: str, across: bool) -> Finding:
+    """Which records a job here gets under FSDIST_IO=auto (the default), and why."""
+    name = f"records ({ENV_IO}=auto)"
+    if not across:
+        why = DirectRecord.refusal(a)
+        taken = "it takes unaligned direct I/O" if why is None else why
+        return Finding(
+            name, OK, f"locked on one client; across clients a job measures whether direct records hold ({taken}); "
+            "--peer-mount shows what it would find",
+        )  # fmt: skip
+    why = probes.direct_visibility(os.path.join(a, "direct"), os.path.join(b, "direct"))
+    if why is None:
+        return Finding(
+            name, OK, "direct: a direct write through A was read at once through B, twice; a publish is one "
+            "write and a look one read, no locks (docs/filesystems.md)",
+        )  # fmt: skip
+    return Finding(name, OK, f"locked: {why}", f"never force {ENV_IO}=direct here")
 
 
 def render(report: dict[str, Any]) -> str:

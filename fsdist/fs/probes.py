@@ -9,16 +9,20 @@ This is a focused probe, not the lock benchmark (``fsdist bench locks``).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import multiprocessing as mp
 import os
+import secrets
 import time
 from typing import Any
 
+from ..files.direct import DirectRecord
 from ..files.io import open_file, publish, read_file, unlink_quietly
 from ..files.locks import Counter, LockedRecord, decode_counter, encode_counter, try_lock
 
 __all__ = [
+    "direct_visibility",
     "lock_exclusion",
     "new_file_visibility",
     "rename_atomicity",
@@ -28,6 +32,29 @@ __all__ = [
 
 def _ctx() -> Any:
     return mp.get_context("fork")  # no re-import (torch) per worker; the probes start no threads
+
+
+def direct_visibility(path_a: str, path_b: str, rounds: int = 2) -> str | None:
+    """None if what a direct write through A puts in a file, a direct read through B shows at
+    once, every round (B has read the file before each later round, so a cache behind O_DIRECT
+    shows); else why not. What FSDIST_IO=auto measures across a job's clients (job/io_choice.py)."""
+    why = DirectRecord.refusal(os.path.dirname(path_a))
+    if why is not None:
+        return why
+    with contextlib.closing(DirectRecord(path_a)) as writer:
+        reader: DirectRecord | None = None
+        try:
+            for round_ in range(rounds):
+                nonce = secrets.token_hex(16).encode()
+                writer.write(nonce)
+                reader = reader or DirectRecord(path_b, create=False)
+                seen = reader.read(0, len(nonce))
+                if seen != nonce:
+                    return f"a direct read through B showed an older write than A's (round {round_ + 1})"
+        finally:
+            if reader is not None:
+                reader.close()
+    return None
 
 
 def lock_exclusion(path_a: str, path_b: str) -> bool:

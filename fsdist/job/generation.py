@@ -19,6 +19,7 @@ from ..files.io import remove_tree, unlink_quietly
 from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import parse
 from .clean import remove_node_tiers
+from .io_choice import Choice
 from .liveness import Identity
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,9 @@ class Generation:
     #: The root exists for this job alone (beside a FileStore's file, or node-local): the last
     #: rank out removes it too.
     owns_root: bool = False
+    #: How the job's records are read and written (job/io_choice.py): chosen by the first group
+    #: that beats the heartbeat, before it starts, and the same for every group of the job.
+    records: Choice | None = None
     #: How many groups of each name this process has created (see ProcessGroupFsdist).
     incarnations: dict[str, int] = field(default_factory=dict)
     #: Called once this rank has left (init methods release what they keep alive for torch).
@@ -55,6 +59,11 @@ class Generation:
             self.leave()
         except (OSError, FsdistError) as exc:  # the directory may be gone already: best effort
             log.debug("fsdist: could not leave generation %s at exit: %s", self.generation_id, exc)
+
+    @property
+    def direct(self) -> bool:
+        """Whether the job's records in the shared directory (and its heartbeats) are direct."""
+        return self.records is not None and self.records.direct
 
     def heartbeat_path(self, rank: int) -> str:
         return layout.heartbeat_file(self.directory, rank)

@@ -7,8 +7,8 @@ time guards against pid reuse.
 
 On the same machine a dead process is noticed at once (``/proc``), and a stopped one (SIGSTOP)
 by its heartbeat, as below. Across machines each rank
-beats a heartbeat: a counter in ``heartbeat.r<rank>`` that a thread raises every
-``HEARTBEAT_SECONDS``, read under the lock (coherent on NFS, unlike mtimes), or with
+beats a heartbeat: a counter in ``heartbeat.r<rank>`` that a thread raises every fifth of the
+heartbeat timeout (at most every ``HEARTBEAT_SECONDS``), read under the lock (coherent on NFS, unlike mtimes), or with
 ``FSDIST_IO=direct`` written and read with O_DIRECT (files/direct.py: its one writer). A peer whose
 counter has not moved for ``FSDIST_HEARTBEAT_TIMEOUT`` seconds (default 10) of this rank's own
 clock is declared dead; no clock synchronisation is needed.
@@ -23,11 +23,27 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..defaults import ENV_HEARTBEAT_TIMEOUT, ENV_NODE_ID, HEARTBEAT_SECONDS, HEARTBEAT_TIMEOUT_SECONDS
-from ..files.direct import OwnCounter, records_direct_in
+from ..defaults import (
+    ENV_HEARTBEAT_TIMEOUT,
+    ENV_NODE_ID,
+    HEARTBEAT_BEATS_PER_TIMEOUT,
+    HEARTBEAT_SECONDS,
+    HEARTBEAT_TIMEOUT_SECONDS,
+)
+from ..files.direct import OwnCounter
 from ..files.locks import Counter
 
-__all__ = ["Heartbeat", "Identity", "PeerWatch", "is_alive", "is_stopped", "node_id", "this_process"]
+__all__ = [
+    "Heartbeat",
+    "Identity",
+    "PeerWatch",
+    "heartbeat_period",
+    "heartbeat_timeout",
+    "is_alive",
+    "is_stopped",
+    "node_id",
+    "this_process",
+]
 
 
 @dataclass(frozen=True)
@@ -133,22 +149,34 @@ def _start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-class Heartbeat:
-    """A daemon thread raising this rank's heartbeat counter every HEARTBEAT_SECONDS: a locked
-    ``add``, or with direct records (FSDIST_IO=direct) one direct write, its only writer being
-    this thread (on NFS one WRITE a second instead of LOCK, GETATTR, READ, WRITE, UNLOCK)."""
+def heartbeat_timeout() -> float:
+    """How long a peer's heartbeat may stall before it counts as dead (FSDIST_HEARTBEAT_TIMEOUT)."""
+    return float(os.environ.get(ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS))
 
-    def __init__(self, path: str) -> None:
-        self._counter: Counter | OwnCounter = (
-            OwnCounter(path) if records_direct_in(os.path.dirname(path)) else Counter(path)
-        )
+
+def heartbeat_period() -> float:
+    """How often this rank beats: HEARTBEAT_BEATS_PER_TIMEOUT beats in a timeout, so a beat late
+    by most of a timeout is still in time, and no more often than HEARTBEAT_SECONDS needs (on
+    NFS each beat is a WRITE: an idle rank's only round trip)."""
+    return min(HEARTBEAT_SECONDS, heartbeat_timeout() / HEARTBEAT_BEATS_PER_TIMEOUT)
+
+
+class Heartbeat:
+    """A daemon thread raising this rank's heartbeat counter every ``heartbeat_period()``: a locked
+    ``add``, or with direct records (FSDIST_IO=direct) one direct write, its only writer being
+    this thread (on NFS one WRITE a beat instead of LOCK, GETATTR, READ, WRITE, UNLOCK)."""
+
+    def __init__(self, path: str, direct: bool = False) -> None:
+        """``direct``: the job's records are direct (Generation.records), its heartbeats too."""
+        self._counter: Counter | OwnCounter = OwnCounter(path) if direct else Counter(path)
         self._beats = self._counter.try_get() or 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fsdist-heartbeat", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
+        period = heartbeat_period()
+        while not self._stop.wait(period):
             try:
                 if isinstance(self._counter, OwnCounter):
                     self._beats += 1
@@ -169,15 +197,18 @@ class PeerWatch:
     """Decides whether a peer is dead: by its process on this machine, by heartbeat elsewhere."""
 
     def __init__(
-        self, members: Sequence[Identity], heartbeat_paths: Sequence[str], names: Sequence[int] | None = None
-    ) -> None:
-        """``names``: what each member is called in errors (default: its index)."""
+        self, members: Sequence[Identity], heartbeat_paths: Sequence[str], names: Sequence[int] | None = None,
+        direct: bool = False,
+    ) -> None:  # fmt: skip
+        """``names``: what each member is called in errors (default: its index); ``direct``: the
+        heartbeats are read directly, as they are written (Generation.records)."""
+        self._direct = direct
         self.members = list(members)
         self._names = list(names) if names is not None else list(range(len(members)))
         self._paths = list(heartbeat_paths)
         self._counters: dict[int, Counter | OwnCounter] = {}
         self._last: dict[int, tuple[int | None, float]] = {}
-        self.timeout = float(os.environ.get(ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS))
+        self.timeout = heartbeat_timeout()
 
     def dead_reason(self, rank: int) -> str | None:
         """None while ``rank`` seems alive, else why it is considered dead."""
@@ -192,9 +223,7 @@ class PeerWatch:
         counter = self._counters.get(rank)
         if counter is None:  # read directly where beats are written so (or locked: its tag tells either way)
             path = self._paths[rank]
-            counter = self._counters[rank] = (
-                OwnCounter(path) if records_direct_in(os.path.dirname(path)) else Counter(path)
-            )
+            counter = self._counters[rank] = OwnCounter(path) if self._direct else Counter(path)
         # never wait for the lock: its holder may be the stopped process itself (its heartbeat
         # thread, stopped mid-beat); a beat not readable now counts as one that did not move
         beat, now = counter.try_get(), time.monotonic()

@@ -10,6 +10,8 @@
         gen-<id>/error.r<rank>.json      a rank's uncaught exception (cli/run_rank.py)
       gen-<id>/                          one generation of the job (16 hex digits)
         heartbeat.r<rank>                a liveness counter (files/locks.py Counter)
+        io-probe.c<n>                    FSDIST_IO=auto's probe of the n-th client's direct
+                                         writes (job/io_choice.py), while the job forms
         store/                           the DirectoryStore: .lock, k.<escaped key>, h.<sha256>
         groups/<escaped group name>.<incarnation>/
           state.r<rank>                  a rank's state record (state_record.py)
@@ -49,6 +51,7 @@ __all__ = [
     "DONE_FILE",
     "GROUP_ALGO_KEY",
     "GROUP_RANKS_KEY",
+    "IO_PROBE_KEY",
     "LAUNCH_DIR",
     "LEADERS_DIR",
     "LOCAL_RUN_PREFIX",
@@ -65,6 +68,7 @@ __all__ = [
     "groups_dir",
     "heartbeat_file",
     "identity",
+    "io_probe_file",
     "is_generation_dir",
     "is_store_key_file",
     "key_to_filename",
@@ -131,6 +135,14 @@ def generation_id_of(name: str) -> str:
 
 def heartbeat_file(generation: str, rank: int) -> str:
     return os.path.join(generation, f"heartbeat.r{rank}")
+
+
+def io_probe_file(generation: str, client: int) -> str:
+    return os.path.join(generation, f"io-probe.c{client}")
+
+
+#: FSDIST_IO=auto's store keys (job/io_choice.py): each client's probe steps, its verdict, the choice
+IO_PROBE_KEY = "fsdist/io-probe/"
 
 
 def store_dir(generation: str) -> str:

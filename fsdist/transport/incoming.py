@@ -229,6 +229,10 @@ class FileMessage(_OnDisk):
         fd = open_file(path, os.O_RDONLY)
         self._mapped = mapped
         try:
+            # no read-ahead: a rank reads its slices of a peer's message, and on a network
+            # filesystem read-ahead would fetch the others' from the server too (the reader on
+            # the same client that needs them finds them cached where it reads them itself)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
             super().__init__(fd, 0, sys.maxsize, path, check)
         except BaseException:
             os.close(fd)

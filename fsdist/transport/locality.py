@@ -47,12 +47,15 @@ class Locality:
         object.__setattr__(self, "maps_messages", self.reuse_files)
 
     @classmethod
-    def of(cls, directory: str, one_client: bool) -> Locality:
-        """``directory``'s locality; FSDIST_REUSE_FILES=0/1 overrides whether files are reused,
-        FSDIST_IO (``io_setting``) whether records are direct."""
+    def of(cls, directory: str, one_client: bool, chosen: bool = False) -> Locality:
+        """``directory``'s locality; FSDIST_REUSE_FILES=0/1 overrides whether files are reused.
+        Records are direct where FSDIST_IO=direct (wherever the filesystem takes it), or where it
+        is auto and ``chosen`` (the job measured that direct records hold across its clients:
+        job/io_choice.py; a node's own tier is never chosen: one client, no round trips to save)."""
         local = is_local(directory)
         setting = os.environ.get(ENV_REUSE_FILES, "")
-        direct = io_setting() == "direct"
+        io = io_setting()
+        direct = io == "direct" or (io == "auto" and chosen)
         probed = directory
         while not os.path.isdir(probed) and os.path.dirname(probed) != probed:
             probed = os.path.dirname(probed)  # (a group's folder is made after this: its parent's filesystem)

@@ -68,7 +68,7 @@ class Progress:
         self._identity = layout.identity(directory)
         kind = DirectRecord if direct else LockedRecord
         self._records = [kind(path, on_wait=self._lock_wait(r)) for r, path in enumerate(self._state_paths)]
-        self.aborted = AbortRecord(directory)
+        self.aborted = AbortRecord(directory, direct)
         #: the highest operation each peer was seen in, and the furthest (operation, step) it was
         #: seen at (garbage collection reads them)
         self.peer_seq = [-1] * size
@@ -288,6 +288,7 @@ class Progress:
                 )
             return None
 
+        missed = self._unwritten
         if self._unwritten:  # about to wait: peers must see what this rank is in first
             if arrived():
                 if self.peer_seq[peer] > self.seq:
@@ -296,7 +297,7 @@ class Progress:
             self._write()
         self.waiter.for_peer(
             peer, arrived, self.timeout, lambda: self.timed_out(peer, f"step {step}"),
-            lambda _: self.check_health(peer),
+            lambda _: self.check_health(peer), missed,
         )  # fmt: skip
 
     def _tell_ahead(self, peer: int) -> None:

@@ -38,9 +38,11 @@ class NodeTiers:
         watch_of: Callable[[Sequence[int]], PeerWatch],
         timeout: float,
         flat: GroupTransport,
+        direct: bool = False,
     ) -> None:
         """``watch_of(ranks)``: a PeerWatch over those group ranks; ``flat``: the group's own
-        transport, whose point-to-point messages go on beside the tiers."""
+        transport, whose point-to-point messages go on beside the tiers; ``direct``: the job chose
+        direct records for its shared directory (the leaders' tier is there)."""
         self.nodes = nodes
         self._flat = flat
         self.rank = rank
@@ -57,8 +59,9 @@ class NodeTiers:
             )  # fmt: skip
         if len(leaders) > 1 and rank == leaders[node]:
             self.cross = GroupTransport(
-                leaders_directory, node, len(leaders), watch_of(leaders), timeout, leaders, "leaders' tier"
-            )
+                leaders_directory, node, len(leaders), watch_of(leaders), timeout, leaders, "leaders' tier",
+                Locality.of(leaders_directory, one_client=False, chosen=direct),
+            )  # fmt: skip
 
     def tiers(self) -> list[GroupTransport]:
         return [t for t in (self.local, self.cross) if t is not None]

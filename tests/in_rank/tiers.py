@@ -160,3 +160,18 @@ def one_rank_disagrees_on_the_shape() -> str:
     """Rank 1 (not a leader) reduces 12 elements, every other rank 10."""
     n = 12 if dist.get_rank() == 1 else 10
     return error_text(lambda: dist.all_reduce(torch.ones(n)))
+
+
+def records_chosen() -> str:
+    """What the job chose for its records (FSDIST_IO=auto: job/io_choice.py), as rank 0 stored it
+    for every rank: ``direct``, or why its records are locked."""
+    from fsdist.c10d.store import DirectoryStore
+    from fsdist.protocol import layout
+
+    shared = os.environ["FSDIST_TEST_DIR"]
+    stores = [os.path.join(root, "store") for root, dirs, _ in os.walk(shared) if "store" in dirs]
+    name = layout.key_to_filename(layout.IO_PROBE_KEY + "choice")
+    for store in stores:
+        if os.path.exists(os.path.join(store, name)):
+            return DirectoryStore(store).get(layout.IO_PROBE_KEY + "choice").decode()
+    return "no choice stored"
