@@ -110,3 +110,14 @@ def test_looks_are_counted_for_the_reports(clock: Clock) -> None:
     waits = _waits(clock, Pacing(), [0.0, 3e-3, 0.0])
     assert waiting.REMOTE_LOOKS.waits - before[1] == 3
     assert waiting.REMOTE_LOOKS.looks - before[0] == sum(n for n, _ in waits)
+
+
+def test_one_late_arrival_does_not_make_the_next_waits_late(clock: Clock) -> None:
+    """A peer at its usual 20 ms, once 5 s late (a checkpoint, a slow first large operation),
+    then at 20 ms again: the waits after it end as soon as before, not when the late one did."""
+    pacing = Pacing()
+    _waits(clock, pacing, [20e-3] * 50)
+    [(_, late_once)] = _waits(clock, pacing, [5.0])
+    after = _waits(clock, pacing, [20e-3] * 20)
+    assert late_once <= 5.0 * waiting.LONG_WAIT_FRACTION + LOOK
+    assert max(late for _, late in after) <= 0.1 * 20e-3 + 5 * LOOK, after

@@ -19,6 +19,7 @@ peer (readers done with this rank's messages, stragglers catching up) sleep on t
 
 from __future__ import annotations
 
+import collections
 import os
 import time
 from collections.abc import Callable
@@ -35,19 +36,33 @@ from ..defaults import (
     LONG_WAIT_SECONDS,
     LONGEST_SLEEP_SECONDS,
     MAX_SLEEP_SECONDS,
-    PACING_EARLIER,
+    PACING_HISTORY,
     PACING_PROBE_EVERY,
     PACING_SKIP_BELOW,
+    PACING_SOONER,
     PACING_WEIGHT,
     SPIN_SECONDS,
     WAKE_SPIN_SECONDS,
     WOKEN_MAX_SLEEP_SECONDS,
+    WOKEN_REMOTE_SLEEP_SECONDS,
 )
 from .doorbell import RUN_QUEUE, Doorbell
 
 T = TypeVar("T")
 
-__all__ = ["BELL", "LOCKING", "POLLING", "REMOTE_LOOKS", "WOKEN", "Deadline", "Pacing", "Schedule", "Waiter", "poll"]
+__all__ = [
+    "BELL",
+    "LOCKING",
+    "POLLING",
+    "REMOTE_LOOKS",
+    "WOKEN",
+    "WOKEN_REMOTE",
+    "Deadline",
+    "Pacing",
+    "Schedule",
+    "Waiter",
+    "poll",
+]
 
 
 class Deadline:
@@ -122,6 +137,8 @@ LOCKING = Schedule(LOCK_SPIN_SECONDS, FIRST_SLEEP_SECONDS, LOCK_MAX_SLEEP_SECOND
 BELL = Schedule(0.0, FIRST_SLEEP_SECONDS, MAX_SLEEP_SECONDS)
 #: a peer that wakes this rank: its wake-up ends the sleep, the schedule is only the safety net
 WOKEN = Schedule(0.0, LONG_SLEEP_SECONDS, WOKEN_MAX_SLEEP_SECONDS)
+#: ...where each look is a round trip to a server (direct records): a later, sparser safety net
+WOKEN_REMOTE = Schedule(0.0, WOKEN_REMOTE_SLEEP_SECONDS, 8 * WOKEN_REMOTE_SLEEP_SECONDS)
 
 
 def poll(
@@ -181,25 +198,30 @@ class Pacing:
 
     A look is a round trip to the server, so a wait should look when the peer is likely there,
     not as often as it can. It looks at once (the peer may be there already) unless the last
-    several waits never found it so, then again when it arrived in past waits (``expected``:
-    a little earlier each time the look then finds it, so the guess follows a peer that comes
-    sooner; as late as the look that found it where the look then missed), then with
-    pauses doubling from one round trip (the last look's duration: never faster than the server
-    answers) up to the Schedule's caps. A wait that lasts costs a bounded rate of READs; one
-    whose peer keeps its pace costs one or two.
+    several waits never found it so; then when the peer tends to arrive (``expected``: the median
+    of when the last PACING_HISTORY waits found it, so one late arrival moves it little; every
+    few waits one looks at half of that first, so a peer that comes much sooner is seen at once);
+    then with pauses doubling from one round trip (the last look's duration: never faster than
+    the server answers) up to an eighth of the wait so far. A peer that keeps its pace costs a
+    look or two per wait, one that is late costs a few looks per doubling of the wait, and no
+    wait ends more than an eighth (plus a round trip) after its peer arrived, past the guess.
     """
 
     spin = 0.0
     yields = False
 
     def __init__(self) -> None:
-        #: seconds into a wait at which the peer was found (0: at once), smoothed
+        #: seconds into each recent wait at which the peer was found (0: at once)
+        self._found: collections.deque[float] = collections.deque(maxlen=PACING_HISTORY)
         self.expected = 0.0
         #: how often the first look found the peer, smoothed (it is skipped when rarely)
         self.at_once = 1.0
         #: the last look's duration: no look follows another sooner
         self.round_trip = FIRST_SLEEP_SECONDS
         self._skipped = 0  # waits in a row that skipped their first look
+        self._probing = False
+        self._plan: list[float] = []  # this wait's looks at learned times, seconds into it
+        self._step = 0.0  # its last back-off pause
         self._start = 0.0  # when this wait began, and how many of its looks missed
         self._misses = 0
 
@@ -208,8 +230,15 @@ class Pacing:
         the caller looked just now and did not find the peer (that was the first look)."""
         self._start = time.monotonic()
         self._misses = 1 if missed else 0
-        skip = not missed and self.at_once < PACING_SKIP_BELOW and self._skipped < PACING_PROBE_EVERY
+        rarely = self.at_once < PACING_SKIP_BELOW
+        #: a wait that finds the peer without the guess (every few waits where the first look is
+        #: skipped): a peer that now comes much sooner shows, and the guess starts again from it
+        self._probing = rarely and self._skipped >= PACING_PROBE_EVERY
+        skip = not missed and rarely and not self._probing
         self._skipped = self._skipped + 1 if skip else 0
+        self._step = 0.0
+        # the looks after the first: when the peer tends to arrive (a probe looks at half that first)
+        self._plan = [self.expected / 2, self.expected] if self._probing else [self.expected]
         pending_skip = skip or missed
         REMOTE_LOOKS.waits += 1
         REMOTE_LOOKS.looks += missed
@@ -234,18 +263,21 @@ class Pacing:
     def _learn(self, found_at: float, skipped: bool) -> None:
         if not skipped:  # the first look was made: did it find the peer?
             self.at_once += PACING_WEIGHT * ((1.0 if self._misses == 0 else 0.0) - self.at_once)
-        if self._misses == 0 and not skipped:  # there at once: it may come at once again
-            self.expected += PACING_WEIGHT * (0.0 - self.expected)
-        elif self._misses <= (0 if skipped else 1):  # found by the look at the expected time:
-            self.expected += PACING_WEIGHT * (PACING_EARLIER * found_at - self.expected)  # maybe sooner
-        else:  # the look at the expected time was too early: no sooner than this next time
-            self.expected = found_at
+        if self._probing and found_at < PACING_SOONER * self.expected:
+            self._found.clear()  # it comes much sooner now: the old guess would keep it waiting
+        self._found.append(0.0 if self._misses == 0 and not skipped else found_at)  # (0: there at once)
+        self.expected = sorted(self._found)[len(self._found) // 2]
 
     def next_pause(self, pause: float, waited: float) -> float:
         floor = max(self.round_trip, FIRST_SLEEP_SECONDS)
-        if pause == 0.0 and self.expected > waited + floor:
-            return self.expected - waited  # look next when the peer tends to arrive
-        return min(max(pause * 2, floor), max(long_cap(MAX_SLEEP_SECONDS, waited), floor))
+        while self._plan and self._plan[0] <= waited + floor:
+            self._plan.pop(0)  # (passed already)
+        if self._plan:
+            self._step = 0.0  # (the back-off after a planned look starts from a round trip)
+            return self._plan.pop(0) - waited
+        cap = max(MAX_SLEEP_SECONDS, min(waited * LONG_WAIT_FRACTION, LONGEST_SLEEP_SECONDS))
+        self._step = min(max(self._step * 2, floor), max(cap, floor))
+        return self._step
 
 
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -254,8 +286,11 @@ _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
 class Waiter:
     """This rank's waits on the peers of one group (``bell``: the rank's doorbell in that group)."""
 
-    def __init__(self, bell: Doorbell, size: int) -> None:
+    def __init__(self, bell: Doorbell, size: int, looks_cost: bool = False) -> None:
+        """``looks_cost``: each look is a round trip to a server (direct records), so a wait
+        woken by its peer looks without a wake-up later and more sparsely (WOKEN_REMOTE)."""
         self.bell = bell
+        self._woken = WOKEN_REMOTE if looks_cost else WOKEN
         self._size = size
         self._local_ranks = 0  # ranks of the group on this machine (see ``cores_to_spin``)
         self._pacing: dict[int, Pacing] = {}  # each peer on another client's
@@ -287,7 +322,7 @@ class Waiter:
             nonlocal quiet
             quiet = not self.bell.wait(seconds)
 
-        return poll(woken_and_arrived, Deadline(timeout), on_timeout, health_check, sleep, WOKEN)
+        return poll(woken_and_arrived, Deadline(timeout), on_timeout, health_check, sleep, self._woken)
 
     def for_any(
         self, attempt: Callable[[], T | None], deadline: Deadline, on_timeout: Callable[[], BaseException],

@@ -78,7 +78,7 @@ class Progress:
         self.history = History()
         self.others = [r for r in range(size) if r != rank]
         self.bell = Doorbell([layout.doorbell_file(directory, r) for r in range(size)], rank)
-        self.waiter = Waiter(self.bell, size)
+        self.waiter = Waiter(self.bell, size, looks_cost=direct)
         #: this rank's record as last written: a message goes out with the header in one pwrite
         self._mine = bytearray(state_record.POSITION_SIZE)
         #: entered an operation whose start the record does not show yet (see ``enter``)
