@@ -42,7 +42,8 @@ test-gluster:
 # Ends with the RPC count (NFS RPCs per small all_reduce/barrier per rank, by type);
 # `make test-nfs FSDIST_NFS_CHECK=rpc` runs only that (FSDIST_NFS_RPC_OPS: ops per loop, 200);
 # `FSDIST_NFS_CHECK=restart` runs only checked all_reduces while the NFS server restarts;
-# `FSDIST_NFS_IO=direct|locked` sets FSDIST_IO for every rank in the VM.
+# `FSDIST_NFS_CHECK=torn` only the torn-read check of direct records (a full run makes it too);
+# `FSDIST_NFS_IO=direct|locked` sets FSDIST_IO for every rank in the VM (default auto).
 test-nfs:
 	scripts/setup-venv.sh .venv test
 	FSDIST_NFS_CHECK=$(FSDIST_NFS_CHECK) FSDIST_NFS_RPC_OPS=$(FSDIST_NFS_RPC_OPS) FSDIST_NFS_IO=$(FSDIST_NFS_IO) \
