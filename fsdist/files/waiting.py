@@ -36,6 +36,7 @@ from ..defaults import (
     LONG_WAIT_SECONDS,
     LONGEST_SLEEP_SECONDS,
     MAX_SLEEP_SECONDS,
+    PACING_EARLIER,
     PACING_HISTORY,
     PACING_PROBE_EVERY,
     PACING_SKIP_BELOW,
@@ -199,8 +200,10 @@ class Pacing:
     A look is a round trip to the server, so a wait should look when the peer is likely there,
     not as often as it can. It looks at once (the peer may be there already) unless the last
     several waits never found it so; then when the peer tends to arrive (``expected``: the median
-    of when the last PACING_HISTORY waits found it, so one late arrival moves it little; every
-    few waits one looks at half of that first, so a peer that comes much sooner is seen at once);
+    of when the last PACING_HISTORY waits found it, so one late arrival moves it little, a look at
+    that time that finds it counting as a little sooner, so the guess keeps seeking the earliest
+    time it is found at; every few waits one looks at half of it first, so a peer that comes much
+    sooner is seen at once);
     then with pauses doubling from one round trip (the last look's duration: never faster than
     the server answers) up to an eighth of the wait so far. A peer that keeps its pace costs a
     look or two per wait, one that is late costs a few looks per doubling of the wait, and no
@@ -265,7 +268,12 @@ class Pacing:
             self.at_once += PACING_WEIGHT * ((1.0 if self._misses == 0 else 0.0) - self.at_once)
         if self._probing and found_at < PACING_SOONER * self.expected:
             self._found.clear()  # it comes much sooner now: the old guess would keep it waiting
-        self._found.append(0.0 if self._misses == 0 and not skipped else found_at)  # (0: there at once)
+        if self._misses == 0 and not skipped:
+            self._found.append(0.0)  # there at once
+        elif self._misses <= (0 if skipped else 1):  # found by the look at the guessed time: it
+            self._found.append(PACING_EARLIER * found_at)  # may have come sooner (see PACING_EARLIER)
+        else:  # it came after the guessed look: by this one
+            self._found.append(found_at)
         self.expected = sorted(self._found)[len(self._found) // 2]
 
     def next_pause(self, pause: float, waited: float) -> float:
@@ -273,8 +281,11 @@ class Pacing:
         while self._plan and self._plan[0] <= waited + floor:
             self._plan.pop(0)  # (passed already)
         if self._plan:
-            self._step = 0.0  # (the back-off after a planned look starts from a round trip)
-            return self._plan.pop(0) - waited
+            target = self._plan.pop(0)
+            # a planned look that misses is early by up to what PACING_EARLIER took off: the
+            # back-off after it starts there (or at a round trip)
+            self._step = (1 - PACING_EARLIER) * target / 2
+            return target - waited
         cap = max(MAX_SLEEP_SECONDS, min(waited * LONG_WAIT_FRACTION, LONGEST_SLEEP_SECONDS))
         self._step = min(max(self._step * 2, floor), max(cap, floor))
         return self._step
