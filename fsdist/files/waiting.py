@@ -119,14 +119,19 @@ def long_cap(cap: float, waited: float, grows: bool = True) -> float:
         return cap
     if not grows:
         return max(cap, LONG_SLEEP_SECONDS)
-    return max(cap, LONG_SLEEP_SECONDS, min(waited * LONG_WAIT_FRACTION, LONGEST_SLEEP_SECONDS))
+    return max(cap, LONG_SLEEP_SECONDS, share_of_wait(waited))
+
+
+def share_of_wait(waited: float) -> float:
+    """The pause a wait ``waited`` seconds long may take at most: an eighth of it, 1 s at most."""
+    return min(waited * LONG_WAIT_FRACTION, LONGEST_SLEEP_SECONDS)
 
 
 def health_interval(waited: float) -> float:
     """How long after a health check, ``waited`` seconds into a wait, the next one comes: every
     HEALTH_CHECK_SECONDS, and as the pauses grow in a long wait, no more often than they (each
     check reads the abort record and a peer's heartbeat: READs on NFS)."""
-    return max(HEALTH_CHECK_SECONDS, min(waited * LONG_WAIT_FRACTION, LONGEST_SLEEP_SECONDS))
+    return max(HEALTH_CHECK_SECONDS, share_of_wait(waited))
 
 
 #: attempts at once for a moment, then short pauses (a peer's step, a store key, a rendezvous)
@@ -286,7 +291,7 @@ class Pacing:
             # back-off after it starts there (or at a round trip)
             self._step = (1 - PACING_EARLIER) * target / 2
             return target - waited
-        cap = max(MAX_SLEEP_SECONDS, min(waited * LONG_WAIT_FRACTION, LONGEST_SLEEP_SECONDS))
+        cap = max(MAX_SLEEP_SECONDS, share_of_wait(waited))
         self._step = min(max(self._step * 2, floor), max(cap, floor))
         return self._step
 
