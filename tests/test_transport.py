@@ -271,6 +271,48 @@ def test_mid_size_collective_messages_go_through_the_ring_and_its_space_is_reuse
     assert os.path.getsize(tmp_path / layout.collective_ring_name(1)) == RING_BYTES
 
 
+def test_where_files_are_not_reused_message_files_are_written_in_place(tmp_path, monkeypatch) -> None:
+    """On network filesystems (no spares) a message file is made under its final name, never
+    renamed: a rename moves its ctime and NFS clients drop its cached pages (files/io.write_new).
+    Collective and point-to-point files alike read back exactly; an error while writing leaves
+    no file behind and names it."""
+    import fsdist.files.io as io_module
+
+    where = Locality(one_client=False, local=False, reuse_files=False)
+    reader = GroupTransport(str(tmp_path), 0, 2, AliveWatch(), 5.0, locality=where)
+    writer = GroupTransport(str(tmp_path), 1, 2, AliveWatch(), 5.0, locality=where)
+    renamed: list[str] = []
+    real_rename = os.rename
+    monkeypatch.setattr(os, "rename", lambda a, b: (renamed.append(b), real_rename(a, b))[1])
+    payload = torch.arange(200_000, dtype=torch.float32)  # far past a slot: a file of its own
+    for t in (reader, writer):
+        t.enter(1, "all_gather float32[200000]")
+    writer.publish(1, [payload])
+    index = writer.send(0, [payload * 2], 0, "send float32[200000]")
+    reader.wait_for(1, 1)
+    out = torch.empty_like(payload)
+    with reader.open_message(1, 1) as msg:
+        assert os.path.basename(msg.path) == layout.message_name(1, 1, 1)
+        msg.read_into(0, out)
+    assert torch.equal(out, payload)
+    with reader.open_p2p(1, index) as msg:
+        msg.read_into(0, out)
+    assert torch.equal(out, payload * 2)
+    assert renamed == [] and not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]
+
+    def disk_full(*_: object) -> int:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(io_module, "write_all", disk_full)
+    for t in (reader, writer):
+        t.enter(2, "all_gather float32[200000]")
+    with pytest.raises(FsdistError, match=re.escape(layout.message_name(1, 2, 1)) + ".*No space"):
+        writer.publish(1, [payload])
+    assert not os.path.exists(tmp_path / layout.message_name(1, 2, 1))
+    reader.close()
+    writer.close()
+
+
 def test_truncated_and_foreign_files_are_refused(tmp_path) -> None:
     good = publish(str(tmp_path), "good", message.encode(1, 0, "x", [torch.arange(100)], CRC))
     raw = open(good, "rb").read()

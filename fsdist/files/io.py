@@ -1,8 +1,10 @@
 """File primitives: atomic publish, reads into caller buffers, retries, private modes.
 
 This layer knows nothing of tensors or collectives. Its one promise: a reader never sees a
-half-written file, because a file only appears under its final name through ``rename`` of a
-complete temporary file written in the same directory.
+half-written file. A file a reader may look up by name (``publish``) appears under that name
+only through ``rename`` of a complete temporary file written in the same directory. A file a
+reader opens only once a record written after it names it (``write_new``) is written under its
+final name: nobody opens it before it is complete.
 """
 
 from __future__ import annotations
@@ -112,6 +114,32 @@ def publish(directory: str, name: str, buffers: Sequence[memoryview | bytes]) ->
         unlink_quietly(temp)
         raise FsdistError(f"could not publish {final}: {os.strerror(exc.errno or 0)} ({exc})") from exc
     return final
+
+
+def write_new(path: str, buffers: Sequence[memoryview | bytes]) -> str:
+    """Write ``buffers`` to a new file ``path`` (made exclusively) and return ``path``.
+
+    For a message that a record announces once it is complete (its readers open it only then),
+    where files are not reused, so on network filesystems: a ``rename`` changes the file's ctime
+    on the server, and an NFS client drops the cached pages of a file whose change attribute
+    moved, so readers on the writer's own client would fetch again what it just wrote (in the
+    NFS VM: a 4 MiB message read back from the server whole, where written in place nothing is
+    read). One RENAME per message fewer, too. On any error the file is removed and the error
+    names it, as ``publish`` does.
+    """
+    try:
+        fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    except OSError as exc:
+        raise FsdistError(f"could not publish {path}: {os.strerror(exc.errno or 0)} ({exc})") from exc
+    try:
+        try:
+            write_all(fd, buffers)
+        finally:
+            os.close(fd)  # (on NFS, close is where the data reaches the server: its errors count)
+    except OSError as exc:
+        unlink_quietly(path)
+        raise FsdistError(f"could not publish {path}: {os.strerror(exc.errno or 0)} ({exc})") from exc
+    return path
 
 
 def write_all(fd: int, buffers: Sequence[memoryview | bytes], offset: int = 0) -> int:

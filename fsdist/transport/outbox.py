@@ -38,7 +38,7 @@ from ..defaults import (
     REUSE_MIN_BYTES,
     RUN_AHEAD,
 )
-from ..files.io import publish
+from ..files.io import publish, write_new
 from ..files.mapped import MappedFiles
 from ..files.seal import Seal
 from ..protocol import layout, message
@@ -194,11 +194,16 @@ class Outbox:
         progress.waiter.for_any(room, progress.deadline(), timed_out, lambda _: progress.check_health(None))
 
     def write(self, name: str, buffers: Sequence[memoryview | bytes], size: int) -> tuple[str, SpareFile | None]:
-        """Publish ``name`` through a spare where one is kept, else as a fresh file."""
+        """Publish ``name`` through a spare where one is kept, else as a fresh file: renamed into
+        place where files are reused (local filesystems), written in place where they are not
+        (network filesystems: files/io.write_new says why). Its readers open it only after the
+        record that names it, which the caller writes once this returns."""
+        path = os.path.join(self.directory, name)
+        if not self.spares.enabled:
+            return write_new(path, buffers), None
         spare = self.spares.take(size)
         if spare is None:
             return publish(self.directory, name, buffers), None
-        path = os.path.join(self.directory, name)
         spare.publish(path, buffers)
         return path, spare
 
