@@ -8,7 +8,8 @@
 # $3 (FSDIST_NFS_CHECK in run.sh): "all" = doctor, the 4-rank check, then the RPC count;
 # "rpc" = only the RPC count (rpc_count.py: NFS RPCs per small all_reduce and per barrier per rank);
 # "restart" = only the server restart (restart_ranks.py: checked all_reduces while nfsd restarts);
-# "torn" = only the torn-read check (torn_ranks.py: writer through /mnt/a, reader through /mnt/b)
+# "torn" = only the torn-read check (torn_ranks.py: writer through /mnt/a, reader through /mnt/b);
+# "pages" = only which reads of a just-written file go to the server (page_cache.py)
 # $5 (FSDIST_NFS_IO in run.sh): FSDIST_IO for every rank (auto, direct, locked)
 repo=$1 work=$2 check=${3:-all} rpc_ops=${4:-200} io=${5:-auto}
 set -x
@@ -118,6 +119,10 @@ torn_suite() {
 }
 
 checks() {
+  if [ "$check" = pages ]; then
+    mkdir -p /mnt/a/pagejob && $py "$repo/scripts/nfs-vm/page_cache.py" /mnt/a/pagejob /mnt/b/pagejob "$1"
+    rm -rf /mnt/a/pagejob; return
+  fi
   if [ "$check" = restart ]; then restart_suite "$1"; return; fi
   if [ "$check" = torn ]; then torn_suite "$1"; return; fi
   [ "$check" = rpc ] || { suite "$1"; torn_suite "$1"; }
@@ -141,6 +146,12 @@ umount /mnt/a /mnt/b
 {
   cat "$work/result.raw"
   for v in "NFS v3" "NFS v4.2"; do
+    if [ "$check" = pages ]; then
+      grep -q "^pages ($v) written in place, read by the same client, pread: 0.00 " "$work/result.raw" \
+        && echo "RESULT PASS ($v, pages: a file written in place is read from its writer's client's cache)" \
+        || echo "RESULT FAIL ($v, pages: a file written in place went to the server for its writer's own client)"
+      continue
+    fi
     if [ "$check" = restart ]; then
       passes=$(grep -c "^rank [0-3] PASS ($v, server restart)" "$work/result.raw")
       wrong=$(grep -c "^rank [0-3] FAIL WrongResultError" "$work/result.raw")
@@ -163,7 +174,7 @@ umount /mnt/a /mnt/b
       [ "$passes" = 4 ] && echo "RESULT PASS ($kind, RPC count)" || echo "RESULT FAIL ($kind, RPC count: $passes of 4 ranks passed)"
     done
   done
-  if [ "$check" != restart ] && [ "$check" != torn ]; then
+  if [ "$check" = all ] || [ "$check" = rpc ]; then
     echo "== RPCs per op (per second when idle) per rank, by type"
     $py "$repo/scripts/nfs-vm/mountstats.py" summary "$work/result.raw"
   fi

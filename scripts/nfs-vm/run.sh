@@ -15,7 +15,9 @@
 # (restart_ranks.py); the job must complete with correct results or fail with a clear error.
 # FSDIST_NFS_CHECK=torn runs only the torn-read check (torn_ranks.py: each region type of direct
 # records, a reader on one client racing its writer on the other; a writer cut off mid-record),
-# which every full run makes too.
+# which every full run makes too. FSDIST_NFS_CHECK=pages runs only page_cache.py: which reads of a
+# just-written message file go to the server, written by rename or in place (why message files
+# are written in place on network filesystems).
 # Result: the work folder's result.txt (also printed). ~25 minutes under software emulation (RPC count only: 11-15).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -34,7 +36,7 @@ for path in "$repo" "$work"; do
   done
 done
 check=${FSDIST_NFS_CHECK:-all} rpc_ops=${FSDIST_NFS_RPC_OPS:-200} io=${FSDIST_NFS_IO:-auto}
-case "$check" in all|rpc|restart|torn) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default), rpc, restart or torn, not '$check'" >&2; exit 2;; esac
+case "$check" in all|rpc|restart|torn|pages) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default), rpc, restart, torn or pages, not '$check'" >&2; exit 2;; esac
 case "$io" in auto|direct|locked) ;; *) echo "test-nfs: FSDIST_NFS_IO is auto (default), direct or locked, not '$io'" >&2; exit 2;; esac
 case "$rpc_ops" in ''|*[!0-9]*) echo "test-nfs: FSDIST_NFS_RPC_OPS must be a number, not '$rpc_ops'" >&2; exit 2;; esac
 [ "$(id -u)" = 0 ] || { echo "test-nfs: needs root" >&2; exit 77; }
