@@ -4,16 +4,18 @@ per operation for the last _HISTORY of them.
 Two ranks whose hashes differ at the same operation called different operations at or before
 it, even if neither waited for the other then (a rank that never waits, a broadcast root say,
 is caught at the next record its peers read). The hash travels in the rank's state record
-(protocol/state_record.py ``chain``); comparing it is the desync check.
+(protocol/state_record.py ``chain``); comparing it is the desync check, and the errors it
+raises are worded here.
 """
 
 from __future__ import annotations
 
 from collections import deque
 
+from ..errors import DesyncError
 from ..protocol import state_record
 
-__all__ = ["History"]
+__all__ = ["History", "disagree", "diverged"]
 
 _HISTORY = 4096  # own history hashes kept, to compare with peers that lag behind
 
@@ -40,3 +42,20 @@ class History:
         is too old (or too new) to tell."""
         mine = self._at.get(seq)
         return mine[1] if mine is not None and mine[0] != theirs else None
+
+
+def disagree(where: str, seq: int, me: int, mine: str, peer: int, theirs: str) -> DesyncError:
+    """Rank ``peer`` is in operation ``seq`` as ``theirs`` where rank ``me`` calls it ``mine``."""
+    return DesyncError(
+        f"{where}: ranks disagree on operation #{seq}: rank {me} called '{mine}', rank {peer} called '{theirs}'"
+    )
+
+
+def diverged(where: str, seq: int, ours: str, peer: int, theirs: str) -> DesyncError:
+    """Rank ``peer``'s history differs from this rank's at operation ``seq``: they called
+    something else there or before."""
+    return DesyncError(
+        f"{where}: rank {peer} called different operations from this rank at or before "
+        f"operation #{seq} (this rank's #{seq} was '{ours}', rank {peer}'s is '{theirs}'; "
+        "every rank of a group must call the same collectives in the same order)"
+    )

@@ -29,7 +29,7 @@ from ..job.liveness import PeerWatch
 from ..protocol import layout, state_record
 from ..protocol.state_record import PeerState
 from .abort import AbortRecord
-from .history import History
+from .history import History, disagree, diverged
 
 T = TypeVar("T")
 
@@ -313,20 +313,12 @@ class Progress:
 
     def desync(self, peer: int, theirs: str) -> DesyncError:
         """The error of ``peer`` calling ``theirs`` where this rank calls this operation (and abort)."""
-        error = DesyncError(
-            f"{self.where()}: ranks disagree on operation #{self.seq}: "
-            f"rank {self.names[self.rank]} called '{self.description}', rank {self.names[peer]} called '{theirs}'"
-        )
+        error = disagree(self.where(), self.seq, self.names[self.rank], self.description, self.names[peer], theirs)
         self.abort(str(error))
         return error
 
     def _diverged(self, peer: int, seq: int, ours: str, theirs: str) -> DesyncError:
-        error = DesyncError(
-            f"{self.where()}: rank {self.names[peer]} called different operations from this rank at or before "
-            f"operation #{seq} (this rank's #{seq} was '{ours}', "
-            f"rank {self.names[peer]}'s is '{theirs}'; "
-            "every rank of a group must call the same collectives in the same order)"
-        )
+        error = diverged(self.where(), seq, ours, self.names[peer], theirs)
         self.abort(str(error))
         return error
 
