@@ -147,9 +147,11 @@ umount /mnt/a /mnt/b
   cat "$work/result.raw"
   for v in "NFS v3" "NFS v4.2"; do
     if [ "$check" = pages ]; then
-      grep -q "^pages ($v) written in place, read by the same client, pread: 0.00 " "$work/result.raw" \
-        && echo "RESULT PASS ($v, pages: a file written in place is read from its writer's client's cache)" \
-        || echo "RESULT FAIL ($v, pages: a file written in place went to the server for its writer's own client)"
+      renamed=$(grep "^pages ($v) written temp + rename, read by the same client, pread:" "$work/result.raw" | awk '{print $(NF-6)}')
+      in_place=$(grep "^pages ($v) written in place, read by the same client, pread:" "$work/result.raw" | awk '{print $(NF-6)}')
+      awk -v r="$renamed" -v p="$in_place" 'BEGIN { exit !(r != "" && p != "" && p + 0 < r + 0) }' \
+        && echo "RESULT PASS ($v, pages: its writer's client fetched $in_place of a file written in place, $renamed of one renamed)" \
+        || echo "RESULT FAIL ($v, pages: its writer's client fetched ${in_place:-?} of a file written in place, ${renamed:-?} of one renamed)"
       continue
     fi
     if [ "$check" = restart ]; then
