@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from fsdist.cli.main import _COMMANDS, main
@@ -56,3 +58,44 @@ def test_run_passes_options_after_the_script_to_the_script(tmp_path, monkeypatch
     monkeypatch.setattr(launcher, "run", lambda args: seen.setdefault("args", args) and 0)
     assert main(["run", "--nproc-per-node", "1", "--dir", str(tmp_path), "train.py", "--bogus", "x"]) == 0
     assert seen["args"].script == "train.py" and seen["args"].script_args == ["--bogus", "x"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--nproc-per-node", "0", "--dir", "D", "t.py"], "--nproc-per-node must be 1 or more, not 0"),
+        (["--nproc-per-node", "-1", "--dir", "D", "t.py"], "--nproc-per-node must be 1 or more, not -1"),
+        (["--nproc-per-node", "2", "--nnodes", "0", "--dir", "D", "t.py"], "--nnodes must be 1 or more, not 0"),
+        (["--nproc-per-node", "2", "--node-rank", "-1", "--dir", "D", "t.py"], "--node-rank must be 0 or more"),
+        (["--nproc-per-node", "2", "--max-restarts", "-1", "--dir", "D", "t.py"], "--max-restarts must be 0 or more"),
+        (["t.py", "--nproc-per-node", "2", "--dir", "D"], "--nproc-per-node and --dir came after the script"),
+        (["--dir", "D", "t.py", "--nproc_per_node=2"], "--nproc-per-node came after the script"),
+    ],
+)
+def test_run_refuses_counts_that_start_nothing_and_options_after_the_script(capsys, argv, says) -> None:
+    """Paper cuts (issue 36): ``--nproc-per-node 0`` ran nothing and exited 0; options after the
+    script were "required" options, with no word of where they belong."""
+    with pytest.raises(SystemExit) as usage_exit:
+        main(["run", *argv])
+    assert usage_exit.value.code == 2
+    assert says in capsys.readouterr().err
+
+
+def test_run_takes_torchruns_underscore_spellings(tmp_path, monkeypatch) -> None:
+    from fsdist.cli import run as launcher
+
+    seen = {}
+    monkeypatch.setattr(launcher, "run", lambda args: seen.setdefault("args", args) and 0)
+    argv = ["--nproc_per_node", "3", "--node_rank=1", "--nnodes", "2", "--max_restarts", "1", "--dir", str(tmp_path)]
+    assert main(["run", *argv, "train.py", "--dir", "theirs"]) == 0
+    args = seen["args"]
+    assert (args.nproc_per_node, args.node_rank, args.max_restarts) == (3, 1, 1)
+    assert args.script_args == ["--dir", "theirs"]  # the script's own --dir stays the script's
+
+
+def test_run_names_the_node_rank_outside_the_nodes(tmp_path, capsys) -> None:
+    argv = ["run", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", "--dir", str(tmp_path), "t.py"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--node-rank 2 is not a node of 2" in err and "0 to 1" in err, err
+    assert not os.listdir(tmp_path), "nothing may be started or made"

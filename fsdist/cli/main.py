@@ -20,7 +20,11 @@ _COMMANDS: list[tuple[str, str, str]] = [
     ("run", "run", "start this node's ranks of a job (a port-free torchrun)"),
     ("status", "status", "show a job's ranks, the operation each is in, and which rank holds the others up"),
     ("clean", "clean", "remove what a crashed run left in DIR (refuses while a run there is alive)"),
-    ("bench", "bench.command", "time every collective against Gloo in the same run (nccl-tests style)"),
+    (
+        "bench",
+        "bench.command",
+        "time every collective against Gloo in the same run (nccl-tests style; locks: `fsdist bench locks`)",
+    ),
     ("bench locks", "bench_locks", "N processes increment lock-guarded counters: lost updates, rate, latency"),
     ("doctor", "doctor", "check that the filesystem of DIR is safe for fsdist (locks, rename, visibility)"),
 ]

@@ -52,15 +52,19 @@ class Rank:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nproc-per-node", type=int, required=True, help="ranks to start on this node")
+    # torchrun's underscore spellings too, as torchrun takes both
+    parser.add_argument(
+        "--nproc-per-node", "--nproc_per_node", type=int, required=True, help="ranks to start on this node"
+    )
     parser.add_argument("--nnodes", type=int, help="number of nodes (default: $SLURM_NNODES or 1)")
-    parser.add_argument("--node-rank", type=int, help="this node's index (default: $SLURM_NODEID or 0)")
+    parser.add_argument("--node-rank", "--node_rank", type=int, help="this node's index (default: $SLURM_NODEID or 0)")
     parser.add_argument("--dir", required=True, help="the shared run directory")
     parser.add_argument(
         "--timeout", type=float, default=1800, help="seconds to wait for the other nodes (default 1800)"
     )
     parser.add_argument(
         "--max-restarts",
+        "--max_restarts",
         type=int,
         default=0,
         help="restart the whole job this many times after a failure (default 0, as torchrun)",
@@ -86,14 +90,42 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
         if option not in takes_value:
             parser.error(f"unknown option {option} (fsdist run's own options come before the script)")
         position += 2 if takes_value[option] and "=" not in argv[position] else 1
-    return parser.parse_args(argv)
+    before, after = ([a.split("=", 1)[0] for a in part] for part in (argv[:position], argv[position + 1 :]))
+    given = {_REQUIRED[option] for option in before if option in _REQUIRED}
+    misplaced = [_REQUIRED[option] for option in after if option in _REQUIRED and _REQUIRED[option] not in given]
+    if misplaced:  # e.g. fsdist run train.py --nproc-per-node 2 --dir D
+        script = argv[position] if position < len(argv) else "SCRIPT"
+        parser.error(
+            f"{' and '.join(dict.fromkeys(misplaced))} came after the script: fsdist run's own options come "
+            f"before it (fsdist run --nproc-per-node N --dir DIR {script} [its arguments])"
+        )
+    args = parser.parse_args(argv)
+    for option, value in (("--nproc-per-node", args.nproc_per_node), ("--nnodes", args.nnodes)):
+        if value is not None and value < 1:
+            parser.error(f"{option} must be 1 or more, not {value}")
+    if args.node_rank is not None and args.node_rank < 0:
+        parser.error(f"--node-rank must be 0 or more, not {args.node_rank}")
+    if args.max_restarts < 0:
+        parser.error(f"--max-restarts must be 0 or more, not {args.max_restarts}")
+    return args
+
+
+#: the options every launch needs, by each spelling: one missing before the script but found after
+#: it was meant for fsdist run
+_REQUIRED = {"--nproc-per-node": "--nproc-per-node", "--nproc_per_node": "--nproc-per-node", "--dir": "--dir"}
 
 
 def run(args: argparse.Namespace) -> int:
     nnodes = args.nnodes or int(os.environ.get("SLURM_NNODES", "1"))
     node_rank = args.node_rank if args.node_rank is not None else int(os.environ.get("SLURM_NODEID", "0"))
-    if args.max_restarts < 0:
-        raise SystemExit("fsdist run: --max-restarts must be 0 or more")
+    if not 0 <= node_rank < nnodes:
+        where = "--node-rank" if args.node_rank is not None else "$SLURM_NODEID"
+        print(
+            f"fsdist run: {where} {node_rank} is not a node of {nnodes} (--nnodes or $SLURM_NNODES): "
+            f"each node's launcher takes its own index, 0 to {nnodes - 1}",
+            file=sys.stderr,
+        )
+        return 2
     directory = adopt_run_directory(args.dir)
     job = ""  # round 0's launch generation: names this job's restart history
     for restart in range(args.max_restarts + 1):
