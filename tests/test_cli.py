@@ -99,3 +99,22 @@ def test_run_names_the_node_rank_outside_the_nodes(tmp_path, capsys) -> None:
     err = capsys.readouterr().err
     assert "--node-rank 2 is not a node of 2" in err and "0 to 1" in err, err
     assert not os.listdir(tmp_path), "nothing may be started or made"
+
+
+def test_doctor_clean_and_status_name_a_missing_path_and_make_nothing(tmp_path, capsys) -> None:
+    """Paper cuts (issue 36, 9-10): doctor made a missing directory and called it safe; its errors
+    ended with a line of fsdist's source; status called a missing path "not a directory"."""
+    missing = tmp_path / "missing"
+    assert main(["doctor", str(missing)]) == 2
+    assert f"{missing} does not exist" in capsys.readouterr().err
+    assert main(["doctor", str(tmp_path), "--peer-mount", str(missing)]) == 2
+    assert f"{missing} does not exist" in capsys.readouterr().err
+    assert main(["clean", str(missing)]) == 1
+    assert f"{missing} does not exist: nothing to clean" in capsys.readouterr().err
+    assert main(["status", str(missing)]) == 1
+    assert f"{missing} does not exist" in capsys.readouterr().err
+    assert not missing.exists()
+    (tmp_path / "afile").write_text("")
+    assert main(["doctor", str(tmp_path / "afile")]) == 2
+    err = capsys.readouterr().err
+    assert "it is a file, not a directory" in err and "(in " not in err and len(err.strip().splitlines()) == 1, err

@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import sys
-import traceback
 
 from ..fs.doctor import diagnose, render
 from ..fs.mounts import UNSAFE
@@ -29,12 +28,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for path in filter(None, (args.directory, args.peer_mount)):
+        if not os.path.lexists(path):  # (doctor makes nothing a run would find later)
+            print(
+                f"fsdist doctor: {path} does not exist: give a directory on the filesystem to check "
+                "(the run directory, or the folder it will be made in)",
+                file=sys.stderr,
+            )
+            return 2
     try:
         report = diagnose(args.directory, args.peer_mount)
     except (OSError, RuntimeError) as exc:
-        frame = traceback.extract_tb(exc.__traceback__)[-1]
-        where = f"{os.path.basename(frame.filename)}:{frame.lineno} {frame.line}"
-        print(f"fsdist doctor: could not check {args.directory}: {exc} (in {where})", file=sys.stderr)
+        print(f"fsdist doctor: could not check {args.directory}: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(report, indent=2))

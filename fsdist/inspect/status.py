@@ -97,7 +97,8 @@ def read_status(directory: str) -> RunStatus:
     """Read ``directory`` (a run directory, as given to ``--dir`` or ``fsdist://``) into a RunStatus."""
     directory = adopt_run_directory(directory, create=False)
     if not os.path.isdir(directory):
-        raise FileNotFoundError(f"{directory} is not a directory")
+        what = "is not a directory" if os.path.lexists(directory) else "does not exist"
+        raise FileNotFoundError(f"{directory} {what}")
     now = time.time()
     status = RunStatus(directory=directory, state="none", time=now)
     raw, _ = read_locked(os.path.join(directory, layout.RENDEZVOUS_FILE), max_size=rendezvous_record.MAX_BYTES)

@@ -45,7 +45,8 @@ def clean(root: str, force: bool = False) -> Cleaned:
     cleaned = Cleaned()
     root = adopt_run_directory(root, create=False)
     if not os.path.isdir(root):
-        raise RendezvousError(f"{root} is not a directory: nothing to clean")
+        missing = "does not exist" if not os.path.lexists(root) else "is not a directory"
+        raise RendezvousError(f"{root} {missing}: nothing to clean")
     if not os.path.lexists(os.path.join(root, layout.RENDEZVOUS_FILE)):
         cleaned.left = _unrecorded(root, [])
         return cleaned
