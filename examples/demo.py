@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -93,7 +94,15 @@ def main() -> int:
     print(f"fsdist demo: {args.ranks} ranks exchanging everything through {directory}")
     mp.spawn(run_rank, args=(args.ranks, directory, args.steps), nprocs=args.ranks)
     left = os.listdir(directory)
-    print(f"done; the directory now holds {left or 'nothing'}")
+    print(f"done; the directory now holds {left or 'nothing'} (a finished job leaves only its empty rendezvous record)")
+    if not args.dir:  # the demo's own temporary directory: gone with the demo
+        shutil.rmtree(directory)
+    python = os.path.relpath(sys.executable)
+    python = sys.executable if python.startswith("..") else python
+    print(
+        "next, the launcher with this same Python (or `source .venv/bin/activate` first):\n"
+        f"  {python} -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/train_ddp.py"
+    )
     return 0
 
 

@@ -7,7 +7,9 @@
 # --dir on the shared filesystem. Both launchers exit non-zero if any rank fails.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-python=${PYTHON:-python3}
+# the checkout's venv (scripts/demo.sh, scripts/test.sh make it) unless PYTHON names another
+python=${PYTHON:-$here/../.venv/bin/python}
+[ -x "$python" ] || python=python3
 [ $# -gt 0 ] || set -- "$here/train_ddp.py" --steps 30
 dir=$(mktemp -d "${TMPDIR:-/tmp}/fsdist-multinode-XXXXXX")
 nodes=$(mktemp -d "${TMPDIR:-/tmp}/fsdist-multinode-local-XXXXXX")

@@ -46,3 +46,17 @@ def test_an_example_runs_alone_in_one_command(tmp_path, name) -> None:
     done = _launch(tmp_path, 2, f"{name}.py")
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"[rank 0] {name}: OK on 2 ranks" in done.stdout
+
+
+def test_the_demo_removes_the_directory_it_made_and_says_how_to_run_the_launcher(tmp_path) -> None:
+    """Paper cuts (issue 36, 1 and 11): the demo left its temporary directory behind, and nothing
+    said which Python the launcher's commands need (the system's has no torch)."""
+    import os
+
+    demo = Path(__file__).resolve().parent.parent / "examples" / "demo.py"
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = [sys.executable, str(demo), "--ranks", "2", "--steps", "2"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("fsdist-demo-")], list(tmp_path.iterdir())
+    assert "-m fsdist run --nproc-per-node 4" in done.stdout and "source .venv/bin/activate" in done.stdout
