@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -151,3 +152,28 @@ def test_failure_reports_are_parsed_not_trusted() -> None:
                 failure_report.parse(raw)
     huge = failure_report.encode({"rank": 0, "type": "E", "message": "m", "traceback": "x" * (1 << 20)})
     assert len(huge) <= failure_report.MAX_BYTES and failure_report.parse(huge)["traceback"].endswith("x")
+
+
+@pytest.mark.parametrize("while_", ["running", "waiting for the other node"])
+def test_ctrl_c_is_one_line_and_exit_130(tmp_path, while_: str) -> None:
+    """Paper cut (issue 36, 12): Ctrl-C was "the job failed ... launcher got signal 2", exit 1;
+    torchrun and shells expect 130 and one line."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        "import time, torch.distributed as dist\n"
+        "dist.init_process_group('fsdist')\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    nodes = ["--nnodes", "2"] if while_ != "running" else []
+    command = [sys.executable, "-m", "fsdist", "run", "--nproc-per-node", "2", *nodes, "--dir", str(tmp_path / "run")]
+    proc = subprocess.Popen([*command, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if while_ == "running":
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    else:
+        time.sleep(3)  # in the launchers' rendezvous: the second node never comes
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("fsdist run: interrupted (SIGINT)"), err
+    assert "failed" not in err and "Traceback" not in err, err

@@ -116,6 +116,14 @@ _REQUIRED = {"--nproc-per-node": "--nproc-per-node", "--nproc_per_node": "--npro
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _launch(args)
+    except KeyboardInterrupt:  # Ctrl-C outside a round (waiting for the other launchers)
+        print("fsdist run: interrupted (SIGINT) before this node's ranks ran", file=sys.stderr)
+        return 130
+
+
+def _launch(args: argparse.Namespace) -> int:
     nnodes = args.nnodes or int(os.environ.get("SLURM_NNODES", "1"))
     node_rank = args.node_rank if args.node_rank is not None else int(os.environ.get("SLURM_NODEID", "0"))
     if not 0 <= node_rank < nnodes:
@@ -149,6 +157,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         _record_round(directory, job, args.max_restarts, restart, failure)
         last_out = launch.leave()
+        if stop_signal:  # this launcher was told to stop (Ctrl-C): one line and 128 + the signal,
+            name = signal.Signals(stop_signal[0]).name  # as torchrun and shells expect
+            print(f"fsdist run: interrupted ({name}): this node's ranks were stopped", file=sys.stderr)
+            _clean_if_last(directory, last_out)
+            return 128 + stop_signal[0]
         if failure.get("final") or restart == args.max_restarts:
             break
         _report(failure, f"restarting the job (restart {restart + 1} of {args.max_restarts})")
@@ -157,12 +170,17 @@ def run(args: argparse.Namespace) -> int:
         failure,
         f"no restarts left ({args.max_restarts} used)" if args.max_restarts and not failure.get("final") else "",
     )
-    if last_out:  # every launcher stopped its ranks: remove the failed job's files
+    _clean_if_last(directory, last_out)
+    return 1
+
+
+def _clean_if_last(directory: str, last_out: bool) -> None:
+    """Where every launcher stopped its ranks (``last_out``), remove the failed job's files."""
+    if last_out:
         try:
             clean(directory)
         except RendezvousError:
             pass  # a rank elsewhere outlived its launcher: the next job, or `fsdist clean`, removes them
-    return 1
 
 
 def _round(
