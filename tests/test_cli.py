@@ -56,6 +56,8 @@ def test_run_passes_options_after_the_script_to_the_script(tmp_path, monkeypatch
 
     seen = {}
     monkeypatch.setattr(launcher, "run", lambda args: seen.setdefault("args", args) and 0)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
     assert main(["run", "--nproc-per-node", "1", "--dir", str(tmp_path), "train.py", "--bogus", "x"]) == 0
     assert seen["args"].script == "train.py" and seen["args"].script_args == ["--bogus", "x"]
 
@@ -87,6 +89,8 @@ def test_run_takes_torchruns_underscore_spellings(tmp_path, monkeypatch) -> None
     seen = {}
     monkeypatch.setattr(launcher, "run", lambda args: seen.setdefault("args", args) and 0)
     argv = ["--nproc_per_node", "3", "--node_rank=1", "--nnodes", "2", "--max_restarts", "1", "--dir", str(tmp_path)]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("")
     assert main(["run", *argv, "train.py", "--dir", "theirs"]) == 0
     args = seen["args"]
     assert (args.nproc_per_node, args.node_rank, args.max_restarts) == (3, 1, 1)
@@ -94,7 +98,9 @@ def test_run_takes_torchruns_underscore_spellings(tmp_path, monkeypatch) -> None
 
 
 def test_run_names_the_node_rank_outside_the_nodes(tmp_path, capsys) -> None:
-    argv = ["run", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", "--dir", str(tmp_path), "t.py"]
+    script = tmp_path.parent / f"{tmp_path.name}-t.py"
+    script.write_text("")
+    argv = ["run", "--nproc-per-node", "1", "--nnodes", "2", "--node-rank", "2", "--dir", str(tmp_path), str(script)]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--node-rank 2 is not a node of 2" in err and "0 to 1" in err, err
@@ -118,3 +124,12 @@ def test_doctor_clean_and_status_name_a_missing_path_and_make_nothing(tmp_path, 
     assert main(["doctor", str(tmp_path / "afile")]) == 2
     err = capsys.readouterr().err
     assert "it is a file, not a directory" in err and "(in " not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_run_refuses_a_missing_script_before_any_rank_starts(tmp_path, capsys) -> None:
+    """Paper cut (issue 36, 5): the ranks started anyway, then 28 lines of FileNotFoundError."""
+    with pytest.raises(SystemExit) as usage_exit:
+        main(["run", "--nproc-per-node", "2", "--dir", str(tmp_path / "run"), str(tmp_path / "nope.py")])
+    assert usage_exit.value.code == 2
+    assert f"no script {tmp_path / 'nope.py'}" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

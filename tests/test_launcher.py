@@ -177,3 +177,18 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, while_: str) -> None:
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith("fsdist run: interrupted (SIGINT)"), err
     assert "failed" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount needs root (CI runs as root)")
+def test_a_read_only_run_directory_is_one_line_not_a_traceback(tmp_path) -> None:
+    """Paper cut (issue 36, 5): a read-only --dir was an OSError traceback from deep inside."""
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    script = tmp_path / "hello.py"
+    script.write_text("print('hi')\n")
+    launch = f"{sys.executable} -m fsdist run --nproc-per-node 1 --dir {run} {script}"
+    inner = f"mount --bind {run} {run} && mount -o remount,bind,ro {run} && exec {launch}"
+    done = subprocess.run(["unshare", "-m", "sh", "-c", inner], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Read-only file system" in lines[0] and f"--dir {run} must be one" in lines[0], lines

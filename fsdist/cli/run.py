@@ -21,6 +21,7 @@ for ``fsdist status``. A launcher whose ranks all succeeded waits, counted in th
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import subprocess
@@ -107,6 +108,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Nam
         parser.error(f"--node-rank must be 0 or more, not {args.node_rank}")
     if args.max_restarts < 0:
         parser.error(f"--max-restarts must be 0 or more, not {args.max_restarts}")
+    if not os.path.isfile(args.script):  # before any rank starts (each would fail alike)
+        parser.error(f"no script {args.script}: give the path of the Python script each rank runs")
     return args
 
 
@@ -121,6 +124,14 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside a round (waiting for the other launchers)
         print("fsdist run: interrupted (SIGINT) before this node's ranks ran", file=sys.stderr)
         return 130
+    except OSError as exc:  # (fsdist's own errors, FsdistError, cli/main.py prints)
+        if isinstance(exc, FsdistError):
+            raise
+        what = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT):
+            what += f" (the run directory --dir {args.dir} must be one this user can write, with room to spare)"
+        print(f"fsdist run: {what}", file=sys.stderr)
+        return 1
 
 
 def _launch(args: argparse.Namespace) -> int:
