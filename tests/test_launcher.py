@@ -192,3 +192,21 @@ def test_a_read_only_run_directory_is_one_line_not_a_traceback(tmp_path) -> None
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Read-only file system" in lines[0] and f"--dir {run} must be one" in lines[0], lines
+
+
+def test_two_launchers_given_the_same_node_rank_are_both_told_so(tmp_path) -> None:
+    """Paper cut (issue 36, 3): two nodes without --node-rank were told of "two jobs" and of "a
+    slot a live process already holds", never that both were node 0."""
+    script = tmp_path / "hello.py"
+    script.write_text("print('hi')\n")
+    command = [sys.executable, "-m", "fsdist", "run", "--nproc-per-node", "1", "--nnodes", "2"]
+    command += ["--timeout", "60", "--dir", str(tmp_path / "run"), str(script)]
+    first = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "run" / ".launch" / "fsdist-rendezvous.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # the first launcher holds node rank 0 in the forming generation
+    second = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    _, first_err = first.communicate(timeout=60)
+    for code, err in ((first.returncode, first_err), (second.returncode, second.stderr)):
+        assert code == 1, err
+        assert "rank 0 was given twice" in err and "--node-rank" in err and "Traceback" not in err, err

@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import RendezvousError
 from ..files.trust import make_private_dir
 from ..protocol import layout
-from ..protocol.rendezvous_record import FORMAT, MAX_REPLACED
+from ..protocol.rendezvous_record import FORMAT, MAX_REPLACED, rank_taken_message
 from .clean import recorded_generations, remove_generations, remove_node_tiers
 from .liveness import Identity, is_alive
 
@@ -32,8 +32,11 @@ def judge(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str
         return "replace"
     members = {int(r): m for r, m in state["members"].items()}
     holder = members.get(rank) if rank is not None else None
-    if not state["complete"] and state["world_size"] == world_size and (holder is None or not staying(holder)):
-        return "join"  # a free slot, or one whose holder died while the job was forming
+    if not state["complete"] and state["world_size"] == world_size:
+        if holder is None or not staying(holder):
+            return "join"  # a free slot, or one whose holder died while the job was forming
+        if rank is not None and not any(m.get("left") for m in members.values()):
+            raise RendezvousError(rank_taken_message(state, rank, me))
     return judge_previous(state, world_size)
 
 

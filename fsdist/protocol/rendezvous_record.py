@@ -167,8 +167,23 @@ def mark_refused(old: bytes, nonce: str, reason: str) -> bytes | None:
     return encode(state)
 
 
+def rank_taken_message(state: dict[str, Any], rank: int, me: dict[str, Any]) -> str:
+    """A rank joins a forming generation at a slot a live process holds: the same rank given twice
+    (one job's launchers without their own --node-rank, say), or two jobs in one directory."""
+    holder = state["members"][str(rank)]
+    return (
+        f"rank {rank} was given twice: pid {holder['pid']} on {holder['host']} holds rank {rank} of the "
+        f"{state['world_size']} ranks forming in this directory (generation {state['generation']}), and pid "
+        f"{me['pid']} on {me['host']} came as rank {rank} too. Give each rank (each node's launcher: its "
+        f"--node-rank) its own number, 0 to {state['world_size'] - 1}; or, if these are two jobs, give each its "
+        "own directory"
+    )
+
+
 def conflict_message(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
     """What the ranks already waiting in a forming generation are told when another joins badly."""
+    if rank is not None and state["world_size"] == world_size and str(rank) in state.get("members", {}):
+        return rank_taken_message(state, rank, me)
     who = f"rank {rank}" if rank is not None else "a rank"
     why = (
         f"with world size {world_size}, but this generation has world size {state['world_size']}: "
