@@ -164,3 +164,25 @@ def test_status_reads_a_crashed_job_and_watch_repeats(tmp_path) -> None:
 def test_status_of_a_missing_directory_is_an_error(tmp_path) -> None:
     shown = _status(str(tmp_path / "nowhere"))
     assert shown.returncode == 1 and "cannot read" in shown.stderr
+
+
+def test_status_after_a_failed_run_says_it_failed_from_the_first_line(tmp_path) -> None:
+    """Paper cut (issue 36, 8): it said "no job (none started yet, or the last one finished
+    cleanly)", then that the job failed."""
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "dist.init_process_group('fsdist')\n"
+        "if dist.get_rank() == 1:\n"
+        "    raise SystemExit(3)\n"
+        "dist.barrier()\n"
+    )
+    run = str(tmp_path / "run")
+    launched = subprocess.run(
+        [sys.executable, "-m", "fsdist", "run", "--nproc-per-node", "2", "--dir", run, str(script)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert launched.returncode == 1, launched.stderr
+    lines = _status(run).stdout.splitlines()
+    assert lines[1] == f"no job is running in {run}; the last one failed:", lines
+    assert "finished cleanly" not in "\n".join(lines) and "then the job failed" in lines[2], lines

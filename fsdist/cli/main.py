@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -47,6 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             except FsdistError as exc:  # fsdist's own refusal says what and why: one line, no traceback
                 print(f"fsdist {name}: {exc}", file=sys.stderr)
                 return 1
+            except BrokenPipeError:  # its reader went away (`fsdist status DIR | head`): as other tools
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no error at exit)
+                return 141
     parser = argparse.ArgumentParser(prog="fsdist", description="fsdist: torch.distributed over a shared directory")
     parser.add_argument("--version", action="version", version=f"fsdist {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

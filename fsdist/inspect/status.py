@@ -110,8 +110,13 @@ def read_status(directory: str) -> RunStatus:
         status.summary.append(f"{os.path.join(directory, layout.RENDEZVOUS_FILE)}: {exc}")
         return status
     if not state:
-        status.summary.append(f"no job in {directory} (none started yet, or the last one finished cleanly)")
-        _add_failure_line(status)
+        failed = _add_failure_line(status)
+        status.summary.insert(
+            0,
+            f"no job is running in {directory}; the last one failed:"
+            if failed
+            else f"no job in {directory} (none started yet, or the last one finished cleanly)",
+        )
         return status
     status.generation = state["generation"]
     status.world_size = state["world_size"]
@@ -343,19 +348,20 @@ def _restarts(directory: str) -> dict[str, Any] | None:
         return {"reason": f"unreadable restart history ({exc})"}
 
 
-def _add_failure_line(status: RunStatus) -> None:
+def _add_failure_line(status: RunStatus) -> bool:
+    """Add what the launcher recorded of failures; True where the job last run here failed."""
     failure = status.launcher_failure
     if failure is not None:
         status.summary.append(f"the launcher recorded a failure of {_failure_text(failure)}")
     history = status.restarts
     if history is None:
-        return
+        return failure is not None
     if "rounds" not in history:
         status.summary.append(str(history.get("reason")))
-        return
+        return failure is not None
     rounds, budget = history["rounds"], history["max_restarts"]
     if not rounds:
-        return  # the job last run here had no failed round
+        return failure is not None  # the job last run here had no failed round
     restarted = sum(1 for entry in rounds if entry["round"] < budget and not entry.get("final"))
     ended = rounds[-1]["round"] >= budget or bool(rounds[-1].get("final"))
     status.summary.append(
@@ -364,6 +370,7 @@ def _add_failure_line(status: RunStatus) -> None:
     )
     for entry in rounds:
         status.summary.append(f"  round {entry['round']} ended by {_failure_text(entry)}")
+    return failure is not None or ended
 
 
 def _failure_text(failure: dict[str, Any]) -> str:
