@@ -210,3 +210,26 @@ def test_two_launchers_given_the_same_node_rank_are_both_told_so(tmp_path) -> No
     for code, err in ((first.returncode, first_err), (second.returncode, second.stderr)):
         assert code == 1, err
         assert "rank 0 was given twice" in err and "--node-rank" in err and "Traceback" not in err, err
+
+
+def test_clean_after_a_killed_launcher_leaves_only_the_documented_files(tmp_path) -> None:
+    """Paper cut (issue 36, 11): after a launcher was killed, ``fsdist clean`` left its own
+    generation (``.launch/gen-*``) behind."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        "import time, torch.distributed as dist\ndist.init_process_group('fsdist')\nprint('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    run = tmp_path / "run"
+    command = [sys.executable, "-m", "fsdist", "run", "--nproc-per-node", "2", "--dir", str(run), str(script)]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert launcher.stdout is not None and launcher.stdout.readline().strip() == "ready"
+    os.killpg(launcher.pid, signal.SIGKILL)  # the launcher, as a lost node would lose it
+    launcher.wait(timeout=30)
+    subprocess.run(["pkill", "-9", "-f", str(script)], check=False)  # and its ranks (sessions of their own)
+    time.sleep(0.5)  # (the ranks' exits reach /proc)
+    cleaned = subprocess.run([sys.executable, "-m", "fsdist", "clean", str(run)], capture_output=True, text=True)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert ".launch/gen-" in cleaned.stdout, cleaned.stdout
+    left = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
+    assert left == [".launch", ".launch/fsdist-rendezvous.json", ".launch/rounds", "fsdist-rendezvous.json"], left

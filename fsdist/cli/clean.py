@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import RendezvousError
 from ..job.clean import clean
+from ..protocol import layout
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +21,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         cleaned = clean(args.directory, force=args.force)
+        # the launchers' own rendezvous (fsdist run), left behind where a launcher was killed
+        launchers = os.path.join(args.directory, layout.LAUNCH_DIR)
+        if os.path.isdir(launchers):
+            launched = clean(launchers, force=args.force)
+            cleaned.removed += [os.path.join(layout.LAUNCH_DIR, g) for g in launched.removed]
     except RendezvousError as exc:
         print(f"fsdist clean: {exc}", file=sys.stderr)
         return 1
