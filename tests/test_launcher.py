@@ -233,3 +233,17 @@ def test_clean_after_a_killed_launcher_leaves_only_the_documented_files(tmp_path
     assert ".launch/gen-" in cleaned.stdout, cleaned.stdout
     left = sorted(str(p.relative_to(run)) for p in run.rglob("*"))
     assert left == [".launch", ".launch/fsdist-rendezvous.json", ".launch/rounds", "fsdist-rendezvous.json"], left
+
+
+def test_a_failure_is_reported_with_its_traceback_only_where_its_rank_did_not_print_it(capsys) -> None:
+    """Paper cut (issue 36, 13): a failing rank's traceback was printed twice on its own node,
+    by the rank and again in its launcher's summary."""
+    from fsdist.cli.run import _report
+
+    failure = {"rank": 1, "exit_code": 1, "host": "n0", "type": "RuntimeError", "message": "boom",
+               "traceback": "Traceback (most recent call last):\n  ...\nRuntimeError: boom\n"}  # fmt: skip
+    _report(failure, "", range(0, 2))  # rank 1 ran here: its traceback is above already
+    here = capsys.readouterr().err
+    assert "the first failure was rank 1" in here and "RuntimeError: boom" in here and "Traceback" not in here
+    _report(failure, "", range(2, 4))  # another node's rank: this output never showed it
+    assert "Traceback (most recent call last)" in capsys.readouterr().err

@@ -146,6 +146,7 @@ def _launch(args: argparse.Namespace) -> int:
         )
         return 2
     directory = adopt_run_directory(args.dir)
+    ours = range(node_rank * args.nproc_per_node, (node_rank + 1) * args.nproc_per_node)  # this node's ranks
     job = ""  # round 0's launch generation: names this job's restart history
     for restart in range(args.max_restarts + 1):
         try:
@@ -175,11 +176,12 @@ def _launch(args: argparse.Namespace) -> int:
             return 128 + stop_signal[0]
         if failure.get("final") or restart == args.max_restarts:
             break
-        _report(failure, f"restarting the job (restart {restart + 1} of {args.max_restarts})")
+        _report(failure, f"restarting the job (restart {restart + 1} of {args.max_restarts})", ours)
     assert failure is not None  # the loop returns on success
     _report(
         failure,
         f"no restarts left ({args.max_restarts} used)" if args.max_restarts and not failure.get("final") else "",
+        ours,
     )
     _clean_if_last(directory, last_out)
     return 1
@@ -361,7 +363,9 @@ def _parsed(recorded: bytes) -> dict[str, Any]:
         return {"rank": -1, "reason": f"the job's failure record is unreadable ({exc})"}
 
 
-def _report(failure: dict[str, Any], then: str) -> None:
+def _report(failure: dict[str, Any], then: str, ours: range) -> None:
+    """Print the round's first failure. A traceback is printed only for a rank of another node:
+    this node's ranks printed theirs to this launcher's output already."""
     who = "the launcher" if failure.get("rank", -1) < 0 else f"rank {failure['rank']}"
     what = "this round" if then.startswith("restarting") else "the job"
     lines = [f"fsdist run: {what} failed; the first failure was {who}"]
@@ -373,6 +377,6 @@ def _report(failure: dict[str, Any], then: str) -> None:
         lines.append(f"{failure['type']}: {failure.get('message', '')}")
     elif failure.get("message") or failure.get("reason"):
         lines.append(str(failure.get("message") or failure.get("reason")))
-    if failure.get("traceback"):
+    if failure.get("traceback") and failure.get("rank", -1) not in ours:
         lines.append(failure["traceback"].rstrip())
     print("\n".join(lines), file=sys.stderr, flush=True)
