@@ -39,8 +39,11 @@ ENV_NODE_ID = "FSDIST_NODE_ID"
 #: in the run directory; a shared filesystem shows it at once under the lock, so after this
 #: long the directory is declared not shared.
 SHARED_DIR_GRACE_SECONDS = 5.0
-#: A rank waiting for its peers in the directory says who it still waits for this often.
+#: A rank waiting for its peers in the directory says who it still waits for this often; a
+#: launcher (fsdist run) waiting for the other nodes' launchers says so after LAUNCH_NOTE_SECONDS
+#: first (its ranks have not even started: nothing else tells the user why nothing happens).
 RENDEZVOUS_NOTE_SECONDS = 30.0
+LAUNCH_NOTE_SECONDS = 5.0
 
 #: torch's own default for non-NCCL process groups.
 DEFAULT_TIMEOUT = timedelta(minutes=30)

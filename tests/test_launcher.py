@@ -247,3 +247,18 @@ def test_a_failure_is_reported_with_its_traceback_only_where_its_rank_did_not_pr
     assert "the first failure was rank 1" in here and "RuntimeError: boom" in here and "Traceback" not in here
     _report(failure, "", range(2, 4))  # another node's rank: this output never showed it
     assert "Traceback (most recent call last)" in capsys.readouterr().err
+
+
+def test_a_launcher_waiting_for_other_nodes_says_which_ones(tmp_path) -> None:
+    """Paper cut (issue 36, 15): fsdist run said nothing while it waited for late nodes."""
+    script = tmp_path / "hello.py"
+    script.write_text("print('hi')\n")
+    command = [sys.executable, "-m", "fsdist", "run", "--nproc-per-node", "1", "--nnodes", "3", "--node-rank", "1"]
+    proc = subprocess.Popen(
+        [*command, "--dir", str(tmp_path / "run"), str(script)], stderr=subprocess.PIPE, text=True
+    )  # fmt: skip
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # (after LAUNCH_NOTE_SECONDS)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+    assert line.startswith("fsdist run: waiting for the launchers of node(s) 0, 2 of 3"), line

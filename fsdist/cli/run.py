@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from ..defaults import LAUNCH_NOTE_SECONDS
 from ..errors import FsdistError, RendezvousError
 from ..files.io import open_file
 from ..files.locks import Counter, LockedRecord
@@ -151,8 +152,9 @@ def _launch(args: argparse.Namespace) -> int:
     for restart in range(args.max_restarts + 1):
         try:
             launch = rendezvous(
-                os.path.join(directory, layout.LAUNCH_DIR), node_rank, nnodes, timedelta(seconds=args.timeout)
-            )
+                os.path.join(directory, layout.LAUNCH_DIR), node_rank, nnodes, timedelta(seconds=args.timeout),
+                note=(LAUNCH_NOTE_SECONDS, lambda joined: _waiting_for(nnodes, joined, directory)),
+            )  # fmt: skip
         except RendezvousError as exc:
             if restart == 0:
                 raise
@@ -185,6 +187,17 @@ def _launch(args: argparse.Namespace) -> int:
     )
     _clean_if_last(directory, last_out)
     return 1
+
+
+def _waiting_for(nnodes: int, joined: list[int], directory: str) -> None:
+    """Say, while this launcher waits for the others, which nodes have not started theirs."""
+    missing = [node for node in range(nnodes) if node not in joined]
+    print(
+        f"fsdist run: waiting for the launchers of node(s) {', '.join(map(str, missing))} of {nnodes} "
+        f"(--node-rank; {len(joined)} joined) in {directory}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _clean_if_last(directory: str, last_out: bool) -> None:

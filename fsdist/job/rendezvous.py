@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -55,6 +56,7 @@ def rendezvous(
     *,
     min_size: int | None = None,
     last_call: float = 0.0,
+    note: tuple[float, Callable[[list[int]], None]] | None = None,
 ) -> Generation:
     """Join (or start) the generation of a ``world_size``-rank job in ``root``; wait until full.
 
@@ -63,6 +65,8 @@ def rendezvous(
     generation also closes with ``min_size`` or more members once no one joined for
     ``last_call`` seconds, and a rank finding one running with room left waits in its record's
     ``waiting`` list (its members' ``membership_changes``) until the members re-form it.
+    ``note``: (after how many seconds, what to call with the ranks joined so far) while it waits,
+    then every RENDEZVOUS_NOTE_SECONDS, in place of the log's warning.
     """
     if world_size < 1 or (rank is not None and not 0 <= rank < world_size):
         raise RendezvousError(f"rank {rank} is outside a world of size {world_size}")
@@ -145,11 +149,14 @@ def rendezvous(
             if time.monotonic() >= next_note[0]:  # a rank that never shows up may use another directory
                 next_note[0] = time.monotonic() + RENDEZVOUS_NOTE_SECONDS
                 joined = sorted(int(r) for r in state.get("members", {}))
-                log.warning(
-                    "fsdist: rank %s waits in %s for %d of %d ranks (joined so far: %s); a rank that "
-                    "is running but never joins uses another directory (or another world size)",
-                    rank, root, world_size - len(joined), world_size, joined,
-                )  # fmt: skip
+                if note is not None:
+                    note[1](joined)
+                else:
+                    log.warning(
+                        "fsdist: rank %s waits in %s for %d of %d ranks (joined so far: %s); a rank that "
+                        "is running but never joins uses another directory (or another world size)",
+                        rank, root, world_size - len(joined), world_size, joined,
+                    )  # fmt: skip
             return None
 
         seen = [0, time.monotonic()]  # members counted, and since when (this rank's own clock)
@@ -180,7 +187,7 @@ def rendezvous(
             state["waiting"] = [*waiting, me]
             return [w["nonce"] for w in before] != [w["nonce"] for w in state["waiting"]]
 
-        next_note = [time.monotonic() + RENDEZVOUS_NOTE_SECONDS]
+        next_note = [time.monotonic() + (RENDEZVOUS_NOTE_SECONDS if note is None else note[0])]
         conflict: list[RendezvousError] = []
         deadline = Deadline(timeout.total_seconds())
         final = poll(
