@@ -210,6 +210,12 @@ def test_two_launchers_given_the_same_node_rank_are_both_told_so(tmp_path) -> No
     for code, err in ((first.returncode, first_err), (second.returncode, second.stderr)):
         assert code == 1, err
         assert "rank 0 was given twice" in err and "--node-rank" in err and "Traceback" not in err, err
+    # the failed generation poisons nothing: the same two nodes, numbered right, run in that directory
+    nodes = [subprocess.Popen([*command[:-3], "--node-rank", str(n), *command[-3:]], stderr=subprocess.PIPE, text=True)
+             for n in (0, 1)]  # fmt: skip
+    for node in nodes:
+        _, err = node.communicate(timeout=120)
+        assert node.returncode == 0, err
 
 
 def test_clean_after_a_killed_launcher_leaves_only_the_documented_files(tmp_path) -> None:

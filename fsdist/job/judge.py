@@ -30,6 +30,8 @@ def judge(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str
     """
     if not state:
         return "replace"
+    if state.get("conflict"):  # its members were told to fail: it is over once they are gone
+        return judge_previous(state, world_size)
     members = {int(r): m for r, m in state["members"].items()}
     holder = members.get(rank) if rank is not None else None
     if not state["complete"] and state["world_size"] == world_size:
