@@ -211,7 +211,8 @@ def scenario_adopted_run_directory(shared: str, shm: str) -> dict[str, Any]:
     planted = one(ATTACKER, plant_adopted_run_directory, path)
     env = {"FSDIST_LOCAL_DIR": shm}
     ranks = job(VICTIM, 2, f"fsdist://{path}", env)
-    launcher = one(VICTIM, cli, ["run", "--nproc-per-node", "2", "--dir", path, "job.py"], env=env)
+    script = os.path.abspath(__file__)  # (it exists; the launcher refuses the directory before any rank runs)
+    launcher = one(VICTIM, cli, ["run", "--nproc-per-node", "2", "--dir", path, script], env=env)
     scan = one(ATTACKER, scan_for_marker, shared, shm)
     return {"planted": planted, "ranks": ranks, "launcher": launcher, "scan": scan, "path": path}
 
