@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Sequence
 
@@ -49,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"fsdist {name}: {exc}", file=sys.stderr)
                 return 1
             except BrokenPipeError:  # its reader went away (`fsdist status DIR | head`): as other tools
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no error at exit)
+                sys.stdout = None  # (nothing left to print, or to flush at exit)
                 return 141
     parser = argparse.ArgumentParser(prog="fsdist", description="fsdist: torch.distributed over a shared directory")
     parser.add_argument("--version", action="version", version=f"fsdist {__version__}")
