@@ -162,7 +162,8 @@ def test_ctrl_c_is_one_line_and_exit_130(tmp_path, while_: str) -> None:
     script.write_text(
         "import time, torch.distributed as dist\n"
         "dist.init_process_group('fsdist')\n"
-        "print('ready', flush=True)\n"
+        "if dist.get_rank() == 0:\n"
+        "    print('ready', flush=True)  # (one line: two ranks' prints may interleave)\n"
         "time.sleep(120)\n"
     )
     nodes = ["--nnodes", "2"] if while_ != "running" else []
@@ -223,7 +224,8 @@ def test_clean_after_a_killed_launcher_leaves_only_the_documented_files(tmp_path
     generation (``.launch/gen-*``) behind."""
     script = tmp_path / "sleeper.py"
     script.write_text(
-        "import time, torch.distributed as dist\ndist.init_process_group('fsdist')\nprint('ready', flush=True)\n"
+        "import time, torch.distributed as dist\ndist.init_process_group('fsdist')\n"
+        "if dist.get_rank() == 0:\n    print('ready', flush=True)  # (one line: two ranks' prints may interleave)\n"
         "time.sleep(120)\n"
     )
     run = tmp_path / "run"
