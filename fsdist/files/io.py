@@ -103,20 +103,16 @@ def publish(directory: str, name: str, buffers: Sequence[memoryview | bytes]) ->
     """
     final = os.path.join(directory, name)
     temp = os.path.join(directory, f".tmp.{name}.{secrets.token_hex(4)}")
+    write_new(temp, buffers, shown_as=final)
     try:
-        fd = open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            write_all(fd, buffers)
-        finally:
-            os.close(fd)
         retrying(lambda: os.rename(temp, final))
     except OSError as exc:
         unlink_quietly(temp)
-        raise FsdistError(f"could not publish {final}: {os.strerror(exc.errno or 0)} ({exc})") from exc
+        raise _not_published(final, exc) from exc
     return final
 
 
-def write_new(path: str, buffers: Sequence[memoryview | bytes]) -> str:
+def write_new(path: str, buffers: Sequence[memoryview | bytes], shown_as: str | None = None) -> str:
     """Write ``buffers`` to a new file ``path`` (made exclusively) and return ``path``.
 
     For a message that a record announces once it is complete (its readers open it only then),
@@ -125,12 +121,13 @@ def write_new(path: str, buffers: Sequence[memoryview | bytes]) -> str:
     moved, so readers on the writer's own client would fetch again what it just wrote (in the
     NFS VM, v3 and v4.2: a renamed 4 MiB file was read back from the server whole every time, one
     written in place 38–62 % of the time: scripts/nfs-vm/page_cache.py). One RENAME per message fewer,
-    too. On any error the file is removed and the error names it, as ``publish`` does.
+    too. ``publish`` writes its temporary file through it. On any error the file is removed (if
+    this call made it) and the error names ``shown_as`` (default ``path``).
     """
     try:
         fd = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     except OSError as exc:
-        raise FsdistError(f"could not publish {path}: {os.strerror(exc.errno or 0)} ({exc})") from exc
+        raise _not_published(shown_as or path, exc) from exc
     try:
         try:
             write_all(fd, buffers)
@@ -138,8 +135,12 @@ def write_new(path: str, buffers: Sequence[memoryview | bytes]) -> str:
             os.close(fd)  # (on NFS, close is where the data reaches the server: its errors count)
     except OSError as exc:
         unlink_quietly(path)
-        raise FsdistError(f"could not publish {path}: {os.strerror(exc.errno or 0)} ({exc})") from exc
+        raise _not_published(shown_as or path, exc) from exc
     return path
+
+
+def _not_published(path: str, exc: OSError) -> FsdistError:
+    return FsdistError(f"could not publish {path}: {os.strerror(exc.errno or 0)} ({exc})")
 
 
 def write_all(fd: int, buffers: Sequence[memoryview | bytes], offset: int = 0) -> int:
