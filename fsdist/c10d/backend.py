@@ -79,6 +79,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self._heartbeat = (
             Heartbeat(generation.heartbeat_path(generation.rank), generation.direct) if owns_generation else None
         )
+        if owns_generation:
+            generation.use()  # (released at shutdown)
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._queue = OpQueue(f"g{group_id}-r{rank}", on_error=self._broke)
@@ -383,6 +385,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             self._heartbeat.stop()
         self._store.release_files()  # before leaving: the last rank out deletes the directory
         if self._owns_generation:
+            self._generation.release()
             self._generation.leave()
 
     def abort(self) -> None:

@@ -22,7 +22,8 @@ from typing import Any
 
 from ..defaults import DEFAULT_TIMEOUT, ENV_DIR, ENV_ENV_INIT
 from ..errors import RendezvousError
-from ..job.generation import Generation
+from ..files.trust import resolve_directory
+from ..job.generation import Generation, in_use_here
 from ..job.rendezvous import rendezvous
 from ..protocol import layout
 from .store import DirectoryStore
@@ -70,7 +71,12 @@ def _first_int(*candidates: str | None, what: str) -> int:
 def fsdist_rendezvous_handler(url: str, timeout: timedelta = DEFAULT_TIMEOUT, **_: Any) -> Iterator[Any]:
     """torch's rendezvous-handler protocol for ``init_method="fsdist://..."``."""
     root, rank, world_size = parse_url(url)
-    generation = rendezvous(root, rank, world_size, timeout)
+    running = in_use_here(resolve_directory(root))
+    if running:  # a second job of this process (torch's _dist2 meets through env:// per group)
+        generation = rendezvous(running[-1].nested_root(), rank, world_size, timeout)
+        generation.owns_root = True  # inside the running generation's folder: removed with it too
+    else:
+        generation = rendezvous(root, rank, world_size, timeout)
     yield (open_store(generation, timeout), rank, world_size)
     raise RuntimeError("fsdist rendezvous handler cannot be re-used")
 

@@ -24,7 +24,16 @@ from .liveness import Identity
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Generation"]
+__all__ = ["Generation", "in_use_here"]
+
+#: Generations of this process that an fsdist group runs on (``Generation.groups`` > 0).
+_IN_USE: list[Generation] = []
+
+
+def in_use_here(root: str | None = None) -> list[Generation]:
+    """This process's generations (in ``root``, a resolved path, if given) that an fsdist group
+    still runs on."""
+    return [g for g in _IN_USE if root is None or g.root == root]
 
 
 @dataclass
@@ -48,6 +57,11 @@ class Generation:
     #: Called once this rank has left (init methods release what they keep alive for torch).
     on_leave: list[Callable[[], None]] = field(default_factory=list)
     left: bool = False
+    #: fsdist groups of this process running on it (``use``/``release``): while any does, a new
+    #: rendezvous of this process in the same directory must not take it for a stale entry
+    groups: int = 0
+    #: generations formed inside this one's directory (``nested_root``) so far
+    nested: int = 0
 
     def __post_init__(self) -> None:
         # A group of another backend formed through fsdist's directory (env:// under `fsdist
@@ -60,6 +74,24 @@ class Generation:
         except (OSError, FsdistError) as exc:  # the directory may be gone already: best effort
             log.debug("fsdist: could not leave generation %s at exit: %s", self.generation_id, exc)
 
+    def use(self) -> None:
+        """An fsdist group of this process runs on the generation (until ``release``)."""
+        self.groups += 1
+        if self.groups == 1:
+            _IN_USE.append(self)
+
+    def release(self) -> None:
+        self.groups -= 1
+        if self.groups == 0:
+            _IN_USE.remove(self)
+
+    def nested_root(self) -> str:
+        """A run directory inside this generation's, for another job of the same ranks formed
+        while this one runs (``torch.distributed._dist2.new_group`` meets through ``env://``
+        again): every rank names the same one by counting such rendezvous in call order."""
+        self.nested += 1
+        return os.path.join(self.directory, f"{layout.NESTED_PREFIX}{self.nested}")
+
     @property
     def direct(self) -> bool:
         """Whether the job's records in the shared directory (and its heartbeats) are direct."""
@@ -69,10 +101,13 @@ class Generation:
         return layout.heartbeat_file(self.directory, rank)
 
     def remove_root(self) -> None:
-        """Remove a root made for this job alone, once its record is empty and closed."""
+        """Remove a root made for this job alone, once its record is empty and closed (and the
+        folder of the generation it nested in, where that one's last rank left it behind)."""
         unlink_quietly(os.path.join(self.root, layout.RENDEZVOUS_FILE))
         with contextlib.suppress(OSError):
             os.rmdir(self.root)
+            if os.path.basename(self.root).startswith(layout.NESTED_PREFIX):
+                os.rmdir(os.path.dirname(self.root))  # (not empty while that generation runs)
 
     def leave(self) -> bool:
         """Mark this rank as gone; the last rank out removes the generation and empties the file.
@@ -98,7 +133,7 @@ class Generation:
             if all(m.get("left") for m in state["members"].values()):
                 nonlocal emptied
                 emptied = True
-                remove_tree(self.directory)
+                _remove_generation_folder(self.directory)
                 return b""
             return rendezvous_record.encode(state)
 
@@ -110,3 +145,43 @@ class Generation:
             callback()
         self.on_leave.clear()
         return emptied
+
+
+def _remove_generation_folder(directory: str) -> None:
+    """Remove a finished generation's folder, all but the run directories of jobs nested in it
+    that still run (``nested_root``): the last rank of such a job removes it, and this folder."""
+    nested = [name for name in _listed(directory) if name.startswith(layout.NESTED_PREFIX)]
+    running = [name for name in nested if _runs(os.path.join(directory, name))]
+    if not running:
+        remove_tree(directory)
+        return
+    for name in _listed(directory):
+        if name not in running:
+            path = os.path.join(directory, name)
+            if os.path.isdir(path):
+                remove_tree(path)
+            else:
+                unlink_quietly(path)
+
+
+def _listed(directory: str) -> list[str]:
+    try:
+        return os.listdir(directory)
+    except OSError:
+        return []
+
+
+def _runs(root: str) -> bool:
+    """Whether the job recorded in ``root`` has a member that has not left (unreadable: yes)."""
+    try:
+        with rendezvous_record.locked(root, create=False) as record:
+            raw = record.read()
+    except FileNotFoundError:
+        return False
+    except (OSError, FsdistError):
+        return True  # not ours to judge
+    try:
+        members = parse(raw).get("members", {}).values() if raw else []
+    except (ValueError, FsdistError):
+        return True
+    return any(not member.get("left") for member in members)

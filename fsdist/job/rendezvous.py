@@ -39,7 +39,7 @@ from ..protocol.rendezvous_record import (
     unusable,
 )
 from .clean import remove_node_tiers
-from .generation import Generation
+from .generation import Generation, in_use_here
 from .judge import judge, new_generation, staying
 from .liveness import Identity, this_process
 
@@ -77,6 +77,7 @@ def rendezvous(
     guard.warn_of_a_shared_secret()
     me = {**this_process().to_json(), "nonce": secrets.token_hex(8), **guard.describe_client(root)}
     guard.refuse_known_multinode(root, me, world_size)
+    in_use = {generation.generation_id for generation in in_use_here(root)}
     record = rendezvous_record.locked(root)
     warned: set[str] = set()
     try:
@@ -89,7 +90,13 @@ def rendezvous(
         def join(old: bytes) -> bytes | None:
             nonlocal state
             state = parse(old)
-            retired = retire_own_stale_entries(state, me)
+            retired = retire_own_stale_entries(state, me, in_use)
+            if state.get("generation") in in_use:
+                raise RendezvousError(
+                    f"this process already runs an fsdist group in {root} (generation {state['generation']}): "
+                    "a second job through the same directory waits until that group is destroyed "
+                    "(dist.destroy_process_group); or use another directory"
+                )
             members = state.get("members", {}).values()
             if any(m.get("refused") for m in members) and any(staying(m) for m in members):
                 return None  # a member refused this filesystem: fail like it did (fs_guard)

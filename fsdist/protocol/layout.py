@@ -55,6 +55,7 @@ __all__ = [
     "LAUNCH_DIR",
     "LEADERS_DIR",
     "LOCAL_RUN_PREFIX",
+    "NESTED_PREFIX",
     "RENDEZVOUS_FILE",
     "ROUNDS_FILE",
     "STORE_LOCK_FILE",
@@ -167,6 +168,10 @@ def node_group_dir(local: str, generation_id: str, node: str, group: str) -> str
     can be removed without touching another's."""
     return os.path.join(local, f"{node_tier_prefix(generation_id, node)}{os.path.basename(group)}")
 
+
+#: The start of the run directory of a job formed inside a running generation's folder by the same
+#: processes (``nested.<n>``: job/generation.py ``nested_root``).
+NESTED_PREFIX = "nested."
 
 #: The start of a single-machine job's run directory in this user's node-local folder
 #: (``run-<random>``: c10d/store_rendezvous.py).

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Collection
 from typing import Any
 
 from ..errors import ProtocolError, RendezvousError
@@ -197,15 +198,15 @@ def conflict_message(state: dict[str, Any], rank: int | None, world_size: int, m
     )
 
 
-def retire_own_stale_entries(state: dict[str, Any], me: dict[str, Any]) -> bool:
+def retire_own_stale_entries(state: dict[str, Any], me: dict[str, Any], in_use: Collection[str] = ()) -> bool:
     """Mark as left every entry of *this process* other than ``me`` (same machine, pid and start
     time, another nonce) in a formed generation; True if any was. Such an entry is an earlier init
     of this process whose group torch destroyed without fsdist hearing of it (a Gloo group formed
     through the directory): the process is starting afresh, so that membership is over. (In a
     generation still forming, another entry of this process is another thread's rank.)"""
     retired = False
-    if not state.get("complete"):
-        return False
+    if not state.get("complete") or state.get("generation") in in_use:
+        return False  # (``in_use``: generations an fsdist group of this process still runs on)
     for member in state.get("members", {}).values():
         same = all(member.get(k) == me.get(k) for k in ("host", "pid", "start_time", "machine"))
         if same and member.get("nonce") != me.get("nonce") and not member.get("left"):
