@@ -11,6 +11,9 @@ method works with it::
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
 
 from ._version import __version__
 from .defaults import BACKEND_NAME as BACKEND_NAME
@@ -33,6 +36,8 @@ __all__ = [
     "ProtocolError",
     "RendezvousError",
     "__version__",
+    "make_default",
+    "monitored_barrier",
     "register",
 ]
 
@@ -43,6 +48,25 @@ def register() -> None:
     from .c10d.registration import register as register_with_torch
 
     register_with_torch()
+
+
+def make_default(devices: Iterable[str] = ("cpu",)) -> None:
+    """Make fsdist torch's default backend for ``devices`` ("cpu", "cuda"): then
+    ``init_process_group()`` without a backend, ``init_device_mesh("cpu", ...)`` and libraries
+    that ask torch for the CPU backend get fsdist and open no port. ``FSDIST_DEFAULT_FOR=cpu`` in
+    the environment does the same at ``import torch``."""
+    from .c10d.registration import make_default as make_default_for
+
+    make_default_for(devices)
+
+
+def monitored_barrier(group: Any = None, timeout: timedelta | None = None, wait_all_ranks: bool = False) -> None:
+    """``torch.distributed.monitored_barrier`` for fsdist groups too: torch refuses every backend
+    but Gloo by name. Rank 0 names the ranks that did not arrive within ``timeout`` (all of them
+    with ``wait_all_ranks``), in Gloo's words; on a group of another backend, torch's own runs."""
+    from .c10d.monitored import monitored_barrier_of
+
+    monitored_barrier_of(group, timeout, wait_all_ranks)
 
 
 # The package imports no torch of its own, so that its tools (status, doctor, clean, bench locks)

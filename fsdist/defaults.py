@@ -8,6 +8,13 @@ from datetime import timedelta
 
 #: The name torch knows the backend by (``init_process_group("fsdist")``) and its init scheme's.
 BACKEND_NAME = "fsdist"
+#: The devices whose tensors fsdist moves (CUDA ones staged through host memory).
+DEVICES = ("cpu", "cuda")
+#: Device types (comma-separated, e.g. ``cpu`` or ``cpu,cuda``) for which fsdist becomes torch's
+#: default backend at ``import torch``: ``init_process_group()`` with no backend,
+#: ``init_device_mesh("cpu", ...)`` and libraries that ask torch for "the CPU backend" then get
+#: fsdist, with no port (``fsdist.make_default`` does the same from code).
+ENV_DEFAULT_FOR = "FSDIST_DEFAULT_FOR"
 #: Environment variable naming the shared run directory (``init_method="fsdist://"``).
 ENV_DIR = "FSDIST_DIR"
 #: Collective algorithms of a group spread over nodes: ``hier`` (two tiers: node-local

@@ -26,17 +26,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..defaults import BACKEND_NAME, DEFAULT_TIMEOUT, REDUCE_THREADS
+from ..defaults import BACKEND_NAME, DEFAULT_TIMEOUT, DEVICES, REDUCE_THREADS
 from ..errors import FsdistError
 from ..files.waiting import Deadline
 from ..job.generation import Generation
 from ..job.liveness import Heartbeat
 from ..transport.p2p import Mailbox, PendingReceive
 from . import arguments as args
-from . import compat
+from . import compat, profiling
 from .arguments import Staging, bytes_moved, describe, reduction_of
 from .debug import OpLog
 from .intraop import limited
+from .monitored import TAG as MONITORED_TAG
+from .monitored import monitored_barrier
 from .placement import group_collectives
 from .receives import ReceiveLoop
 from .sparse import all_reduce_sparse
@@ -85,6 +87,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self._seq_lock = threading.Lock()
         self._queue = OpQueue(f"g{group_id}-r{rank}", on_error=self._broke)
         self._receives: ReceiveLoop | None = None
+        self._monitored_calls = 0  # monitored_barrier calls so far (their tokens carry the count)
         self._closed = False
 
     # ---- identity c10d asks for -----------------------------------------------------------
@@ -103,6 +106,29 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def getGroupDesc(self) -> str:  # noqa: N802
         return self._group_desc
+
+    # ---- the backend c10d asks for per device ---------------------------------------------
+
+    # What torch reads of a device's backend (``_get_backend(device).supports_splitting`` in
+    # ``init_process_group(device_id=)`` and ``new_group``): fsdist has no communicator to split,
+    # shrink or allocate from, no coalescing and no time estimate, so torch takes its general path.
+    supports_splitting = supports_shrinking = supports_coalescing = False
+    supports_tensor_alloc = supports_time_estimate = False
+
+    @property
+    def _device_types(self) -> list[torch.device]:  # c10d's name
+        """The devices this group serves (c10d lists a group's devices here, e.g. to pick the one
+        for object collectives): cpu, and cuda through host staging, as Gloo's do."""
+        return [torch.device(device) for device in DEVICES]
+
+    def _get_backend(self, device: torch.device | str) -> ProcessGroupFsdist:
+        """This group's backend for ``device``: the group itself, for cpu and cuda alike (one
+        ProcessGroupGloo serves both likewise). c10d holds a C++ backend per device; an fsdist
+        group is its own, so it answers here what c10d's table would."""
+        kind = torch.device(device).type
+        if kind not in DEVICES:
+            raise RuntimeError(f"No backend type associated with device type {kind}")  # c10d's words
+        return self
 
     # ---- running operations ---------------------------------------------------------------
 
@@ -137,7 +163,9 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                     # the filesystem failed (EIO, ENOSPC, ...): say where it happened
                     raise FsdistError(f"rank {self.rank()}, operation #{seq} '{description}': {exc}") from exc
 
-        return self._queue.submit(FsdistWork(outputs, description), execute, nbytes)
+        work = FsdistWork(outputs, description)
+        profiling.profile(work, description, inputs or outputs)  # (what it sends, else what it receives)
+        return self._queue.submit(work, execute, nbytes)
 
     def _broke(self, error: BaseException) -> None:
         log.error("rank %d: process group %s broke: %s", self.rank(), self._group_name, error)
@@ -154,10 +182,15 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     def allreduce(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
         tensors, opts = args.allreduce(tensors, opts)
         if any(x.is_sparse for x in tensors):  # three dense all_gathers, waited for here (sparse.py)
-            all_reduce_sparse(
-                tensors, opts.reduceOp.op, self.size(), lambda outs, x: self.allgather([outs], [x]).wait()
-            )
             work = FsdistWork(list(tensors), "all_reduce sparse")
+            profiling.profile(work, work.description, [])
+            try:
+                all_reduce_sparse(
+                    tensors, opts.reduceOp.op, self.size(), lambda outs, x: self.allgather([outs], [x]).wait()
+                )
+            except BaseException as error:
+                work.complete(error)  # (ends its profiler event)
+                raise
             work.complete()
             return work
         return self._allreduce(tensors, opts, "all_reduce")
@@ -330,6 +363,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         staging = Staging()
         hosts = [staging.input(x) for x in tensors]
         work = FsdistWork(list(tensors), desc)
+        profiling.profile(work, desc, tensors)
         try:  # its copy into a file runs as the worker's would (intraop.py)
             timed = self._ops.timed(None, f"{desc} to {dst}", bytes_moved(tensors)) if self._ops.on else _UNTIMED
             with timed, limited(REDUCE_THREADS):
@@ -347,7 +381,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     def recv_anysource(self, tensors: Tensors, tag: int) -> FsdistWork:
         return self._post_receive(tensors, None, tag)
 
-    def _post_receive(self, tensors: Tensors, src: int | None, tag: int) -> FsdistWork:
+    def _post_receive(self, tensors: Tensors, src: int | None, tag: int, seconds: float | None = None) -> FsdistWork:
+        """Post a receive; it fails after ``seconds`` (default: the group's timeout)."""
         with self._seq_lock:
             if self._closed:
                 raise FsdistError(f"rank {self.rank()}: recv called on a process group that was shut down")
@@ -357,6 +392,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         staging = Staging()
         hosts = [staging.output(x) for x in tensors]
         work = StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)
+        profiling.profile(work, work.description, tensors, "recv" if src is not None else "recvAnySource")  # (Gloo's)
         if self._ops.on:
             start, nbytes = time.perf_counter(), bytes_moved(tensors)
 
@@ -366,8 +402,25 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 self._ops.record(None, what, nbytes, time.perf_counter() - start, error_text)
 
             work.on_complete = report
-        receive = PendingReceive(src, tag, hosts, Deadline(self._timeout.total_seconds()))
+        limit = self._timeout.total_seconds() if seconds is None else seconds
+        receive = PendingReceive(src, tag, hosts, Deadline(limit))
         return self._receives.post(work, receive)
+
+    def monitored_barrier(self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
+        """Gloo's monitored barrier (monitored.py): rank 0 names the ranks that did not arrive
+        within ``timeout`` (default: the group's). ``fsdist.monitored_barrier`` calls this."""
+        if timeout is None:
+            seconds = self._timeout.total_seconds()
+        else:
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+        with self._seq_lock:
+            self._monitored_calls += 1
+            call = self._monitored_calls
+        monitored_barrier(
+            self.rank(), self.size(), call, seconds, wait_all_ranks,
+            lambda token, peer: self.send([token], peer, MONITORED_TAG).wait(),
+            lambda token, peer, left: self._post_receive([token], peer, MONITORED_TAG, left),
+        )  # fmt: skip
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -397,6 +450,7 @@ def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupFsdis
     """The creator c10d calls (``extended_api=True``) for the world group and every subgroup;
     which generation each belongs to is store_rendezvous.group_generation's to say."""
     timeout = opts.timeout if opts.timeout.total_seconds() > 0 else DEFAULT_TIMEOUT
+    compat.prepare_records()  # for torch.profiler (profiling.py)
     store, generation, global_ranks, owner = group_generation(opts, timeout)
     return ProcessGroupFsdist(
         store, generation, opts.group_rank, opts.group_size, timeout, str(opts.group_id), global_ranks, owner

@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from ..defaults import HANDOFF_SECONDS, INLINE_RUN_BYTES, REDUCE_THREADS
 from ..errors import FsdistTimeoutError, GroupBrokenError
+from . import profiling
 from .arguments import Staging
 from .intraop import SERIAL_BYTES, limit_this_thread, limited
 
@@ -105,6 +106,9 @@ class FsdistWork(dist.Work):
         self._nbytes = 0  # its inputs' and outputs' bytes (OpQueue.submit)
         #: the name of the thread that ran the operation (the caller's or the group worker's)
         self.ran_on = ""
+        #: its torch.profiler event, when one records it (profiling.py): ends it / has ended it
+        self.event_end: Callable[[], None] | None = None
+        self.event_ended: torch.futures.Future[Any] | None = None
 
     def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
         """Record the outcome (the first call wins) and complete the future.
@@ -122,6 +126,8 @@ class FsdistWork(dist.Work):
             self._error = error
             if source is not None:
                 self._source = source
+            if self.event_end is not None:
+                self.event_end()
             if not self._future_handed_out:
                 self._finish()
                 return
@@ -144,6 +150,8 @@ class FsdistWork(dist.Work):
             left = seconds
         if not self._done.wait(left):
             raise FsdistTimeoutError(f"'{self.description}' did not finish within {seconds:.1f} s of wait()")
+        if self.event_ended is not None:
+            profiling.wait_recorded(self.event_ended)
         if self._error is not None:
             raise self._error
         return True

@@ -72,6 +72,15 @@ def _import_distributed_test():
             else:
                 os.environ[name] = value
     distributed_test.BACKEND = BACKEND_UNDER_TEST
+    if BACKEND_UNDER_TEST == "fsdist":
+        # torch checks a backend's profiler events (`<backend>:<op>`, their input shapes) only for
+        # the backends on these lists; fsdist's are checked as Gloo's are. (The CUDA list stays
+        # Gloo's: its tests need a GPU, and fsdist's events of staged CUDA tensors are CPU events.)
+        for checked in (
+            distributed_test.PROFILING_SUPPORTED_BACKENDS,
+            distributed_test.SEND_RECV_PROFILING_SUPPORTED_BACKENDS,
+        ):
+            checked.append(BACKEND_UNDER_TEST)
     return distributed_test
 
 
