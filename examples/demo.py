@@ -101,7 +101,7 @@ def main() -> int:
     python = sys.executable if python.startswith("..") else python
     print(
         "next, the launcher with this same Python (or `source .venv/bin/activate` first):\n"
-        f"  {python} -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/train_ddp.py"
+        f"  {python} -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/train_ddp.py"
     )
     return 0
 

@@ -123,6 +123,9 @@ HEARTBEAT_BEATS_PER_TIMEOUT = 5
 #: ...and a peer on another machine whose counter stalls this long is declared dead.
 HEARTBEAT_TIMEOUT_SECONDS = 10.0
 ENV_HEARTBEAT_TIMEOUT = "FSDIST_HEARTBEAT_TIMEOUT"
+#: ``fsdist status`` names a rank behind the others only once they have waited this long for it:
+#: a healthy job's ranks stand a collective apart for a moment at every step.
+STRAGGLER_AFTER_SECONDS = 1.0
 
 #: A rank deletes its own collective files once every peer has moved past them; it checks at
 #: most every this many collectives, so the directory holds a bounded number of files.

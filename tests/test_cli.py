@@ -107,6 +107,16 @@ def test_run_names_the_node_rank_outside_the_nodes(tmp_path, capsys) -> None:
     assert not os.listdir(tmp_path), "nothing may be started or made"
 
 
+def test_run_without_arguments_names_what_is_required_and_nothing_else(capsys) -> None:
+    """Paper cut (issue 36): the script's own arguments were listed as required."""
+    with pytest.raises(SystemExit) as usage_exit:
+        main(["run"])
+    assert usage_exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("the following arguments are required: --nproc-per-node/--nproc_per_node, --dir, "
+                                 "script"), err  # fmt: skip
+
+
 def test_doctor_clean_and_status_name_a_missing_path_and_make_nothing(tmp_path, capsys) -> None:
     """Paper cuts (issue 36, 9-10): doctor made a missing directory and called it safe; its errors
     ended with a line of fsdist's source; status called a missing path "not a directory"."""
@@ -115,15 +125,20 @@ def test_doctor_clean_and_status_name_a_missing_path_and_make_nothing(tmp_path, 
     assert f"{missing} does not exist" in capsys.readouterr().err
     assert main(["doctor", str(tmp_path), "--peer-mount", str(missing)]) == 2
     assert f"{missing} does not exist" in capsys.readouterr().err
-    assert main(["clean", str(missing)]) == 1
+    assert main(["clean", str(missing)]) == 2
     assert f"{missing} does not exist: nothing to clean" in capsys.readouterr().err
-    assert main(["status", str(missing)]) == 1
-    assert f"{missing} does not exist" in capsys.readouterr().err
+    assert main(["status", str(missing)]) == 2
+    err = capsys.readouterr().err  # (it named the path twice: "cannot read X: X does not exist")
+    assert err.count(str(missing)) == 1 and f"{missing} does not exist" in err, err
     assert not missing.exists()
-    (tmp_path / "afile").write_text("")
-    assert main(["doctor", str(tmp_path / "afile")]) == 2
-    err = capsys.readouterr().err
-    assert "it is a file, not a directory" in err and "(in " not in err and len(err.strip().splitlines()) == 1, err
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for command in ("doctor", "status", "clean"):
+        # a usage error alike for all three; not "another user put it there" for one's own file
+        assert main([command, str(afile)]) == 2
+        err = capsys.readouterr().err
+        assert err == f"fsdist {command}: {afile} is a file, not a directory: " + err.split(": ", 2)[2], err
+        assert "another user" not in err and "(in " not in err and len(err.strip().splitlines()) == 1, err
 
 
 def test_run_refuses_a_missing_script_before_any_rank_starts(tmp_path, capsys) -> None:

@@ -270,3 +270,50 @@ def test_a_launcher_waiting_for_other_nodes_says_which_ones(tmp_path) -> None:
     proc.send_signal(signal.SIGINT)
     proc.communicate(timeout=60)
     assert line.startswith("fsdist run: waiting for the launchers of node(s) 0, 2 of 3"), line
+
+
+def test_a_launcher_stopped_by_a_signal_is_named_on_the_other_nodes(capsys) -> None:
+    """Paper cut (issue 36): Ctrl-C on one node was "the first failure was the launcher /
+    launcher got signal 2" on the others, naming neither the node nor the signal."""
+    from fsdist.cli.run import _report, _signalled
+    from fsdist.job.liveness import hostname
+
+    _report(_signalled([signal.SIGINT], 1), "", range(0, 2))  # as node 0 prints it
+    err = capsys.readouterr().err
+    assert err == f"fsdist run: the job failed; the first failure was the launcher of node 1 (on {hostname()}), "\
+        "stopped by SIGINT\n", err  # fmt: skip
+
+
+def test_a_second_job_in_the_directory_is_told_of_launchers_and_nodes_not_ranks(tmp_path) -> None:
+    """Paper cut (issue 36, 5): the second job heard of "world size 1" and "rank 0" (the first job's
+    one launcher) while its user had started 2 ranks; launchers given different --nnodes likewise."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(
+        "import time, torch.distributed as dist\ndist.init_process_group('fsdist')\n"
+        "if dist.get_rank() == 0:\n    print('ready', flush=True)\ntime.sleep(120)\n"
+    )
+    run = tmp_path / "run"
+    base = [sys.executable, "-m", "fsdist", "run", "--nproc-per-node", "2", "--dir", str(run)]
+    first = subprocess.Popen([*base, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout is not None and first.stdout.readline().strip() == "ready"
+        second = subprocess.run([*base, str(script)], capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1, second.stderr
+        (line,) = second.stderr.strip().splitlines()
+        assert line.startswith("fsdist run: another job is running in this directory (generation "), line
+        assert "1 node (--nnodes); the launcher of node 0 is pid" in line and "world size" not in line, line
+    finally:
+        first.send_signal(signal.SIGINT)
+        first.communicate(timeout=60)
+    other = tmp_path / "other"
+    nodes = [sys.executable, "-m", "fsdist", "run", "--nproc-per-node", "1", "--dir", str(other)]
+    waiting = subprocess.Popen([*nodes, "--nnodes", "2", "--node-rank", "0", str(script)], stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    deadline = time.monotonic() + 30
+    while not (other / ".launch" / "fsdist-rendezvous.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    late = subprocess.run([*nodes, "--nnodes", "3", "--node-rank", "1", str(script)], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    _, waiting_err = waiting.communicate(timeout=120)
+    for code, err in ((late.returncode, late.stderr), (waiting.returncode, waiting_err)):
+        assert code == 1 and "the launchers disagree on --nnodes" in err and "world size" not in err, err

@@ -163,7 +163,7 @@ def test_status_reads_a_crashed_job_and_watch_repeats(tmp_path) -> None:
 
 def test_status_of_a_missing_directory_is_an_error(tmp_path) -> None:
     shown = _status(str(tmp_path / "nowhere"))
-    assert shown.returncode == 1 and "cannot read" in shown.stderr
+    assert shown.returncode == 2 and "nowhere does not exist: give the run directory" in shown.stderr
 
 
 def test_status_after_a_failed_run_says_it_failed_from_the_first_line(tmp_path) -> None:
@@ -186,3 +186,15 @@ def test_status_after_a_failed_run_says_it_failed_from_the_first_line(tmp_path) 
     lines = _status(run).stdout.splitlines()
     assert lines[1] == f"no job is running in {run}; the last one failed:", lines
     assert "finished cleanly" not in "\n".join(lines) and "then the job failed" in lines[2], lines
+
+
+def test_ranks_a_moment_apart_are_no_straggler() -> None:
+    """Paper cut (issue 36): a healthy job was reported "holding up" its peers for 0.0 s."""
+    from fsdist.inspect.straggler import RankPosition, find_straggler
+
+    def at(rank: int, seq: int, since: float) -> RankPosition:
+        return RankPosition(rank, rank, seq, 0, f"op {seq}", False, since)
+
+    assert find_straggler([at(0, 5, 0.0), at(1, 4, 0.0), at(2, 5, 0.02)]) is None
+    late = find_straggler([at(0, 5, 1.5), at(1, 4, 0.0), at(2, 5, 0.3)])
+    assert late is not None and late.ranks == [1] and late.waiting_s == 1.5

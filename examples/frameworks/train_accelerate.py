@@ -1,6 +1,6 @@
 """Hugging Face accelerate 1.16 on fsdist (CPU, DDP), under fsdist's launcher:
 
-    python -m fsdist run --nproc-per-node 2 --dir /tmp/fsdist-run-$USER examples/frameworks/train_accelerate.py
+    python -m fsdist run --nproc-per-node 2 --dir /tmp/fsdist-run-$(id -u) examples/frameworks/train_accelerate.py
 
 accelerate refuses every backend but gloo and mpi on CPU (``Accelerator(cpu=True)`` with
 ``InitProcessGroupKwargs(backend="fsdist")`` raises "Your assigned backend fsdist is not available,

@@ -4,7 +4,7 @@
 
 or fsdist's launcher starts both (Lightning sees LOCAL_RANK and starts nothing):
 
-    python -m fsdist run --nproc-per-node 2 --dir /tmp/fsdist-run-$USER examples/frameworks/train_lightning.py
+    python -m fsdist run --nproc-per-node 2 --dir /tmp/fsdist-run-$(id -u) examples/frameworks/train_lightning.py
 
 The only change from a Gloo script is the backend string in ``DDPStrategy`` (and, under SLURM, the
 cluster environment: see ``plugins`` below). Lightning creates the group itself with

@@ -1,6 +1,6 @@
 """Hugging Face transformers 5 ``Trainer`` on fsdist (CPU, DDP), under fsdist's launcher:
 
-    python -m fsdist run --nproc-per-node 2 --dir /tmp/fsdist-run-$USER examples/frameworks/train_transformers.py
+    python -m fsdist run --nproc-per-node 2 --dir /tmp/fsdist-run-$(id -u) examples/frameworks/train_transformers.py
 
 ``TrainingArguments`` cannot name fsdist: ``--ddp_backend`` only accepts nccl, gloo, mpi, xccl,
 hccl, cncl and mccl, and ``TrainingArguments(use_cpu=True, ddp_backend="fsdist")`` fails inside

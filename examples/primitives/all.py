@@ -1,6 +1,6 @@
 """Every primitive example in one job (what CI runs; one start-up instead of ten).
 
-python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/all.py
+python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/all.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """all_gather: every rank receives every rank's tensor, in rank order.
 
-python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/all_gather.py
+python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/all_gather.py
 """
 
 from __future__ import annotations

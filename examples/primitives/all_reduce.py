@@ -1,6 +1,6 @@
 """all_reduce with each reduce op: every rank ends with the same combination of all tensors.
 
-python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/all_reduce.py
+python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/all_reduce.py
 """
 
 from __future__ import annotations

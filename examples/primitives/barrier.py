@@ -1,6 +1,6 @@
 """barrier: no rank leaves it before every rank has entered it.
 
-    python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/barrier.py
+    python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/barrier.py
 
 Rank 0 dawdles, then leaves a marker file before entering; every rank finds the marker after
 the barrier. The marker lives in the run directory because it is the one place every rank of

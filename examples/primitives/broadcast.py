@@ -1,6 +1,6 @@
 """broadcast: rank 0's tensor is copied into every rank's tensor.
 
-python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/broadcast.py
+python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/broadcast.py
 """
 
 from __future__ import annotations

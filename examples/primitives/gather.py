@@ -1,6 +1,6 @@
 """gather: every rank's tensor is collected, in rank order, on rank 0 only.
 
-python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/gather.py
+python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/gather.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Groups: collectives among a subset of the ranks (here: the even ranks, and the odd ones).
 
-    python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/groups.py
+    python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/groups.py
 
 Every rank must call ``new_group`` for every group, in the same order, even for groups it is
 not a member of; a collective on a group involves only its members.

@@ -1,6 +1,6 @@
 """Non-blocking point-to-point: rank 0 posts one isend per peer, every peer an irecv; then wait.
 
-python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/isend_irecv.py
+python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/isend_irecv.py
 """
 
 from __future__ import annotations

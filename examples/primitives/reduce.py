@@ -1,6 +1,6 @@
 """reduce: the element-wise sum of every rank's tensor arrives on rank 0 only.
 
-python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/reduce.py
+python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/reduce.py
 """
 
 from __future__ import annotations

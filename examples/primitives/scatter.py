@@ -1,6 +1,6 @@
 """scatter: rank 0 holds one tensor per rank; rank i receives the i-th.
 
-python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/scatter.py
+python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/scatter.py
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Blocking point-to-point: each rank sends its tensor to the next rank around a ring.
 
-python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$USER examples/primitives/send_recv.py
+python -m fsdist run --nproc-per-node 4 --dir /tmp/fsdist-run-$(id -u) examples/primitives/send_recv.py
 """
 
 from __future__ import annotations

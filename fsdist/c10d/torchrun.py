@@ -41,6 +41,7 @@ from ..files.trust import adopt_run_directory
 from ..job.clean import retire_stopped
 from ..job.generation import Generation
 from ..job.rendezvous import membership_changes, rendezvous
+from ..protocol import rendezvous_record
 from .init_methods import open_store
 
 
@@ -79,6 +80,7 @@ class FsdistRendezvousHandler(RendezvousHandler):
             self._timeout,
             min_size=self._params.min_nodes,
             last_call=self._last_call,
+            unit=rendezvous_record.NODES,  # (torch's agents: one per node)
         )
         # torch's agent stopped by a signal stops its workers but never calls shutdown(): leave
         # at exit, the workers recorded as gone first (registered after the generation's own

@@ -9,6 +9,7 @@ import sys
 from ..errors import RendezvousError
 from ..job.clean import clean
 from ..protocol import layout
+from .paths import USAGE_ERROR, directory_problem
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    problem = directory_problem("clean", args.directory, "nothing to clean (give the run directory)")
+    if problem:
+        print(problem, file=sys.stderr)
+        return USAGE_ERROR
     try:
         cleaned = clean(args.directory, force=args.force)
         # the launchers' own rendezvous (fsdist run), left behind where a launcher was killed

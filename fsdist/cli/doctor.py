@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 from ..fs.doctor import diagnose, render
 from ..fs.mounts import UNSAFE
+from .paths import USAGE_ERROR, directory_problem
 
 __all__ = ["add_arguments", "run"]
 
@@ -28,14 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    wanted = "give a directory on the filesystem to check (the run directory, or the folder it will be made in)"
     for path in filter(None, (args.directory, args.peer_mount)):
-        if not os.path.lexists(path):  # (doctor makes nothing a run would find later)
-            print(
-                f"fsdist doctor: {path} does not exist: give a directory on the filesystem to check "
-                "(the run directory, or the folder it will be made in)",
-                file=sys.stderr,
-            )
-            return 2
+        problem = directory_problem("doctor", path, wanted)  # (doctor makes nothing a run would find later)
+        if problem:
+            print(problem, file=sys.stderr)
+            return USAGE_ERROR
     try:
         report = diagnose(args.directory, args.peer_mount)
     except (OSError, RuntimeError) as exc:

@@ -38,8 +38,9 @@ from ..files.locks import Counter, LockedRecord
 from ..files.trust import adopt_run_directory
 from ..job.clean import clean, retire_stopped
 from ..job.generation import Generation
+from ..job.liveness import hostname
 from ..job.rendezvous import rendezvous
-from ..protocol import failure_report, layout
+from ..protocol import failure_report, layout, rendezvous_record
 from . import ranks
 
 POLL_SECONDS = 0.1
@@ -72,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="restart the whole job this many times after a failure (default 0, as torchrun)",
     )
     parser.add_argument("script", help="the training script")
-    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    # (argparse counts a REMAINDER positional as required: "required: ..., script, script_args")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments").required = False
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
@@ -154,6 +156,7 @@ def _launch(args: argparse.Namespace) -> int:
             launch = rendezvous(
                 os.path.join(directory, layout.LAUNCH_DIR), node_rank, nnodes, timedelta(seconds=args.timeout),
                 note=(LAUNCH_NOTE_SECONDS, lambda joined: _waiting_for(nnodes, joined, directory)),
+                unit=rendezvous_record.NODES,
             )  # fmt: skip
         except RendezvousError as exc:
             if restart == 0:
@@ -237,12 +240,12 @@ def _round(
         for local in range(args.nproc_per_node):
             started.append(_start(directory, launch, node_rank, local, args, world, elastic))
         wait_for_others = args.timeout if restart < args.max_restarts else 0.0
-        failure = _watch(started, abort, done, nnodes, stop_signal, wait_for_others)
+        failure = _watch(started, abort, done, (node_rank, nnodes), stop_signal, wait_for_others)
         if failure is None:
             return None
         ranks.stop([rank.process for rank in started])
         if stop_signal:  # a signal during the stop ends the job everywhere, whatever failed first
-            _claim(abort, _signalled(stop_signal))
+            _claim(abort, _signalled(stop_signal, node_rank))
         # the record as the launchers left it: a root cause may have replaced a consequence
         return _parsed(abort.read())
     finally:
@@ -256,8 +259,12 @@ def _round(
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _signalled(stop_signal: list[int]) -> dict[str, Any]:
-    return {"rank": -1, "reason": f"launcher got signal {stop_signal[0]}", "final": 1}
+def _signalled(stop_signal: list[int], node_rank: int) -> dict[str, Any]:
+    """The failure of a launcher stopped by a signal (Ctrl-C, a scheduler's SIGTERM): the other
+    nodes' launchers print it, so it names the node and its host."""
+    name = signal.Signals(stop_signal[0]).name
+    reason = f"the launcher of node {node_rank} (on {hostname()}), stopped by {name}"
+    return {"rank": -1, "reason": reason, "final": 1}
 
 
 def _record_round(directory: str, job: str, max_restarts: int, restart: int | None, failure: dict[str, Any]) -> None:
@@ -285,18 +292,20 @@ def _start(
 
 
 def _watch(
-    started: list[Rank], abort: LockedRecord, done: Counter, nnodes: int, stop_signal: list[int], wait: float
-) -> dict[str, Any] | None:
+    started: list[Rank], abort: LockedRecord, done: Counter, nodes: tuple[int, int], stop_signal: list[int],
+    wait: float,
+) -> dict[str, Any] | None:  # fmt: skip
     """Wait until this node's ranks succeeded (None) or the round failed (its first failure).
 
     With restarts left (``wait`` > 0), a node whose ranks succeeded waits up to ``wait`` seconds
     for every launcher's to: a failure elsewhere meanwhile restarts its ranks too.
     """
+    node_rank, nnodes = nodes
     finished = False
     deadline = float("inf")
     while True:
         if stop_signal:
-            return _claim(abort, _signalled(stop_signal))
+            return _claim(abort, _signalled(stop_signal, node_rank))
         if not finished:  # own ranks first: a dead one here is a root cause, maybe not yet recorded
             codes = [(rank, rank.process.poll()) for rank in started]
             failed = [_failure(rank, code) for rank, code in codes if code not in (None, 0)]
@@ -379,7 +388,8 @@ def _parsed(recorded: bytes) -> dict[str, Any]:
 def _report(failure: dict[str, Any], then: str, ours: range) -> None:
     """Print the round's first failure. A traceback is printed only for a rank of another node:
     this node's ranks printed theirs to this launcher's output already."""
-    who = "the launcher" if failure.get("rank", -1) < 0 else f"rank {failure['rank']}"
+    launcher = failure.get("rank", -1) < 0
+    who = failure.get("reason", "a launcher") if launcher else f"rank {failure['rank']}"
     what = "this round" if then.startswith("restarting") else "the job"
     lines = [f"fsdist run: {what} failed; the first failure was {who}"]
     if "exit_code" in failure:
@@ -388,7 +398,7 @@ def _report(failure: dict[str, Any], then: str, ours: range) -> None:
         lines[0] += f"; {then}"
     if failure.get("type"):
         lines.append(f"{failure['type']}: {failure.get('message', '')}")
-    elif failure.get("message") or failure.get("reason"):
+    elif failure.get("message") or (failure.get("reason") and not launcher):
         lines.append(str(failure.get("message") or failure.get("reason")))
     if failure.get("traceback") and failure.get("rank", -1) not in ours:
         lines.append(failure["traceback"].rstrip())

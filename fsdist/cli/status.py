@@ -13,6 +13,7 @@ import sys
 import time
 
 from ..inspect.status import GroupStatus, RunStatus, read_status
+from .paths import USAGE_ERROR, directory_problem
 
 _CLEAR = "\033[H\033[2J"
 
@@ -31,7 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print the status once, or every ``--interval`` seconds with ``--watch``. Exit 0 when the
-    directory could be read (whatever the job's state), 1 when it could not."""
+    directory could be read (whatever the job's state), 1 when it could not, 2 when it is none."""
+    problem = directory_problem("status", args.directory, "give the run directory (--dir of `fsdist run`)")
+    if problem:
+        print(problem, file=sys.stderr)
+        return USAGE_ERROR
     shown = 0
     try:
         while True:

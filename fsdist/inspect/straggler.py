@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..defaults import STRAGGLER_AFTER_SECONDS
+
 __all__ = ["RankPosition", "Straggler", "find_straggler", "holding_up", "in_step_line", "list_ranks"]
 
 
@@ -41,8 +43,9 @@ class Straggler:
     summary: str
 
 
-def find_straggler(positions: list[RankPosition]) -> Straggler | None:
-    """The ranks at the lowest sequence number, when others already entered a later collective.
+def find_straggler(positions: list[RankPosition], after: float = STRAGGLER_AFTER_SECONDS) -> Straggler | None:
+    """The ranks at the lowest sequence number, when others entered a later collective and have
+    waited there ``after`` seconds or more (or for a time nobody can tell).
 
     Only sequence numbers are compared: within one collective the steps a rank publishes depend
     on its role (a broadcast's root publishes, the others only read), so equal sequence numbers
@@ -57,6 +60,8 @@ def find_straggler(positions: list[RankPosition]) -> Straggler | None:
     late = [p for p in live if p.seq == low]
     waiting = [p for p in live if p.seq == high]
     wait_s = max((p.since_s for p in waiting if p.since_s is not None), default=None)
+    if wait_s is not None and wait_s < after:
+        return None  # a moment apart, as at every step of a healthy job
     ids = [p.rank if p.rank is not None else p.group_rank for p in late]
     word = "collective" if high - low == 1 else "collectives"
     who = "rank" if len(late) == 1 else "ranks"

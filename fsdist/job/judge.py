@@ -14,7 +14,15 @@ from typing import Any
 from ..errors import RendezvousError
 from ..files.trust import make_private_dir
 from ..protocol import layout
-from ..protocol.rendezvous_record import FORMAT, MAX_REPLACED, rank_taken_message
+from ..protocol.rendezvous_record import (
+    FORMAT,
+    MAX_REPLACED,
+    NODES,
+    RANKS,
+    member_name,
+    rank_taken_message,
+    size_name,
+)
 from .clean import recorded_generations, remove_generations, remove_node_tiers
 from .liveness import Identity, is_alive
 
@@ -23,7 +31,7 @@ log = logging.getLogger(__name__)
 __all__ = ["judge", "judge_previous", "new_generation", "staying"]
 
 
-def judge(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
+def judge(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any], unit: str = RANKS) -> str:
     """Decide under the lock what to do with the recorded generation: "join", "replace" or "wait".
 
     Raises RendezvousError for a second live job in the same directory.
@@ -31,20 +39,20 @@ def judge(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str
     if not state:
         return "replace"
     if state.get("conflict"):  # its members were told to fail: it is over once they are gone
-        return judge_previous(state, world_size)
+        return judge_previous(state, world_size, unit)
     members = {int(r): m for r, m in state["members"].items()}
     holder = members.get(rank) if rank is not None else None
     if not state["complete"] and state["world_size"] == world_size:
         if holder is None or not staying(holder):
             return "join"  # a free slot, or one whose holder died while the job was forming
         if rank is not None and not any(m.get("left") for m in members.values()):
-            raise RendezvousError(rank_taken_message(state, rank, me))
-    return judge_previous(state, world_size)
+            raise RendezvousError(rank_taken_message(state, rank, me, unit))
+    return judge_previous(state, world_size, unit)
 
 
-def judge_previous(state: dict[str, Any], world_size: int) -> str:
+def judge_previous(state: dict[str, Any], world_size: int, unit: str = RANKS) -> str:
     """A recorded generation this rank cannot join: "replace" it (over), "wait" (leaving), or
-    raise RendezvousError (a live job)."""
+    raise RendezvousError (a live job). ``unit``: how the messages name members (RANKS, NODES)."""
     members = {int(r): m for r, m in state["members"].items()}
     remaining = {r: m for r, m in members.items() if staying(m)}
     if not remaining:
@@ -52,17 +60,21 @@ def judge_previous(state: dict[str, Any], world_size: int) -> str:
     if any(m.get("left") for m in members.values()):
         return "wait"  # a job that is shutting down: its last members are leaving
     r, m = next(iter(remaining.items()))
+    holder = f"{member_name(unit, r)} is pid {m['pid']} on {m['host']}"
     if not state["complete"] and state["world_size"] != world_size:
+        if unit == NODES:
+            this = f"this launcher was started with --nnodes {world_size}"
+        else:
+            this = f"this rank was started with world size {world_size}"
+        disagree = "the launchers disagree on --nnodes" if unit == NODES else "the ranks disagree on the world size"
         raise RendezvousError(
-            f"a job of world size {state['world_size']} is forming in this directory (generation "
-            f"{state['generation']}; rank {r} is pid {m['pid']} on {m['host']}), but this rank was started "
-            f"with world size {world_size}: the ranks disagree on the world size, or two jobs use this directory"
+            f"a job of {size_name(unit, state['world_size'])} is forming in this directory (generation "
+            f"{state['generation']}; {holder}), but {this}: {disagree}, or two jobs use this directory"
         )
     why = "is running" if state["complete"] else "is forming"
     raise RendezvousError(
-        f"another job {why} in this directory (generation {state['generation']}, world size "
-        f"{state['world_size']}; rank {r} is pid {m['pid']} on {m['host']}). Use another directory, "
-        "or stop that job"
+        f"another job {why} in this directory (generation {state['generation']}, "
+        f"{size_name(unit, state['world_size'])}; {holder}). Use another directory, or stop that job"
     )
 
 

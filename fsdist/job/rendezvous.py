@@ -57,6 +57,7 @@ def rendezvous(
     min_size: int | None = None,
     last_call: float = 0.0,
     note: tuple[float, Callable[[list[int]], None]] | None = None,
+    unit: str = rendezvous_record.RANKS,
 ) -> Generation:
     """Join (or start) the generation of a ``world_size``-rank job in ``root``; wait until full.
 
@@ -66,7 +67,8 @@ def rendezvous(
     ``last_call`` seconds, and a rank finding one running with room left waits in its record's
     ``waiting`` list (its members' ``membership_changes``) until the members re-form it.
     ``note``: (after how many seconds, what to call with the ranks joined so far) while it waits,
-    then every RENDEZVOUS_NOTE_SECONDS, in place of the log's warning.
+    then every RENDEZVOUS_NOTE_SECONDS, in place of the log's warning. ``unit``: how errors name
+    the members (``rendezvous_record.NODES`` where they are nodes' launchers).
     """
     if world_size < 1 or (rank is not None and not 0 <= rank < world_size):
         raise RendezvousError(f"rank {rank} is outside a world of size {world_size}")
@@ -111,13 +113,13 @@ def rendezvous(
             if waiting is not None:  # on the running generation's waiting list
                 return rendezvous_record.encode(state) if waiting else None
             try:
-                verdict = judge(state, rank, world_size, me)
+                verdict = judge(state, rank, world_size, me, unit)
             except RendezvousError as exc:
                 if state.get("complete"):
                     raise  # never disturb a running job
                 # two jobs, or ranks of one job that disagree, are forming here: the ranks
                 # already waiting would otherwise wait for the whole timeout; fail them too
-                state["conflict"] = conflict_message(state, rank, world_size, me)
+                state["conflict"] = conflict_message(state, rank, world_size, me, unit)
                 conflict.append(exc)
                 return rendezvous_record.encode(state)
             if verdict == "wait":  # the previous job is shutting down: let it finish

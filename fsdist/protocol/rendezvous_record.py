@@ -37,14 +37,18 @@ __all__ = [
     "FORMAT",
     "MAX_BYTES",
     "MAX_WAITING",
+    "NODES",
+    "RANKS",
     "CorruptRecordError",
     "conflict_message",
     "encode",
     "is_generation_id",
     "locked",
     "mark_refused",
+    "member_name",
     "parse",
     "retire_own_stale_entries",
+    "size_name",
     "unusable",
 ]
 
@@ -168,33 +172,59 @@ def mark_refused(old: bytes, nonce: str, reason: str) -> bytes | None:
     return encode(state)
 
 
-def rank_taken_message(state: dict[str, Any], rank: int, me: dict[str, Any]) -> str:
+#: How a rendezvous's messages name its members: the ranks of a job, or the launchers of a job's
+#: nodes (one per node: ``fsdist run``'s and torchrun's own rendezvous, where "rank 0" and "world
+#: size 1" would mean the launcher of node 0 and one node to a user who started 2 ranks).
+RANKS, NODES = "rank", "node"
+
+
+def member_name(unit: str, slot: int | str) -> str:
+    return f"rank {slot}" if unit == RANKS else f"the launcher of node {slot}"
+
+
+def size_name(unit: str, size: int) -> str:
+    return f"world size {size}" if unit == RANKS else f"{size} node{'' if size == 1 else 's'} (--nnodes)"
+
+
+def rank_taken_message(state: dict[str, Any], rank: int, me: dict[str, Any], unit: str = RANKS) -> str:
     """A rank joins a forming generation at a slot a live process holds: the same rank given twice
     (one job's launchers without their own --node-rank, say), or two jobs in one directory."""
     holder = state["members"][str(rank)]
+    last = state["world_size"] - 1
+    if unit == NODES:
+        return (
+            f"node rank {rank} was given twice: pid {holder['pid']} on {holder['host']} is the launcher of node "
+            f"{rank} of the {state['world_size']} nodes forming in this directory (generation "
+            f"{state['generation']}), and pid {me['pid']} on {me['host']} came as node {rank} too. Give each "
+            f"node's launcher its own --node-rank, 0 to {last}; or, if these are two jobs, give each its own directory"
+        )
     return (
         f"rank {rank} was given twice: pid {holder['pid']} on {holder['host']} holds rank {rank} of the "
         f"{state['world_size']} ranks forming in this directory (generation {state['generation']}), and pid "
         f"{me['pid']} on {me['host']} came as rank {rank} too. Give each rank (each node's launcher: its "
-        f"--node-rank) its own number, 0 to {state['world_size'] - 1}; or, if these are two jobs, give each its "
-        "own directory"
+        f"--node-rank) its own number, 0 to {last}; or, if these are two jobs, give each its own directory"
     )
 
 
-def conflict_message(state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any]) -> str:
+def conflict_message(
+    state: dict[str, Any], rank: int | None, world_size: int, me: dict[str, Any], unit: str = RANKS
+) -> str:
     """What the ranks already waiting in a forming generation are told when another joins badly."""
     if rank is not None and state["world_size"] == world_size and str(rank) in state.get("members", {}):
-        return rank_taken_message(state, rank, me)
-    who = f"rank {rank}" if rank is not None else "a rank"
-    why = (
-        f"with world size {world_size}, but this generation has world size {state['world_size']}: "
-        "the ranks disagree on the world size, or two jobs use this directory"
-        if state["world_size"] != world_size
-        else "to a slot a live process already holds: two jobs use this directory"
-    )
+        return rank_taken_message(state, rank, me, unit)
+    who = member_name(unit, rank) if rank is not None else f"a {unit}'s launcher" if unit == NODES else "a rank"
+    if state["world_size"] != world_size:
+        why = (
+            f"with {size_name(unit, world_size)}, but this generation has {size_name(unit, state['world_size'])}: "
+            + ("the launchers disagree on --nnodes" if unit == NODES else "the ranks disagree on the world size")
+            + ", or two jobs use this directory"
+        )
+    else:
+        why = "to a slot a live process already holds: two jobs use this directory"
+    same = "every launcher of a job the same --nnodes" if unit == NODES else "every rank of a job the same world size"
     return (
         f"{who} (pid {me['pid']} on {me['host']}) tried to join generation {state['generation']} "
-        f"{why}. Give every rank of a job the same world size, and each job its own directory"
+        f"{why}. Give {same}, and each job its own directory"
     )
 
 
