@@ -317,3 +317,30 @@ def test_a_second_job_in_the_directory_is_told_of_launchers_and_nodes_not_ranks(
     _, waiting_err = waiting.communicate(timeout=120)
     for code, err in ((late.returncode, late.stderr), (waiting.returncode, waiting_err)):
         assert code == 1 and "the launchers disagree on --nnodes" in err and "world size" not in err, err
+
+
+def test_one_failure_prints_one_traceback_and_a_line_per_rank_it_stopped(tmp_path) -> None:
+    """Paper cut (issue 36, 13): one failing rank printed ~120 lines: its traceback through the
+    launcher's own frames, a log line per rank that its group broke, and every other rank's
+    PeerFailedError traceback."""
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\ndist.init_process_group('fsdist')\ndist.barrier()\n"
+        "if dist.get_rank() == 1:\n    raise ValueError('rank 1 fails on purpose')\ndist.all_reduce(torch.ones(3))\n"
+    )
+    command = [sys.executable, "-m", "fsdist", "run", "--nproc-per-node", "4", "--dir", str(tmp_path / "run")]
+    done = subprocess.run([*command, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[:4] == [
+        "[rank1]: Traceback (most recent call last):",
+        f'[rank1]:   File "{script}", line 5, in <module>',
+        "[rank1]:     raise ValueError('rank 1 fails on purpose')",
+        "[rank1]: ValueError: rank 1 fails on purpose",
+    ], lines
+    stopped = [line for line in lines[4:] if line.startswith("[rank")]
+    # the others, each in one line, if they got to fail before the launcher stopped them
+    assert all("PeerFailedError" in line and "(stopped because another rank failed)" in line for line in stopped)
+    assert lines[-2:] == ["fsdist run: the job failed; the first failure was rank 1 (exit code 1 on "
+                          f"{os.uname().nodename})", "ValueError: rank 1 fails on purpose"], lines  # fmt: skip
+    assert len(lines) <= 4 + 3 + 2 and "broke" not in done.stderr, lines

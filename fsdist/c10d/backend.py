@@ -168,7 +168,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return self._queue.submit(work, execute, nbytes)
 
     def _broke(self, error: BaseException) -> None:
-        log.error("rank %d: process group %s broke: %s", self.rank(), self._group_name, error)
+        # (debug only: the same error reaches the caller's wait, and every later call, as an exception)
+        log.debug("rank %d: process group %s broke: %s", self.rank(), self._group_name, error)
         self._collectives.abort(f"rank {self.rank()}: {error}")
 
     # ---- collectives ----------------------------------------------------------------------
