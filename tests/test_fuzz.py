@@ -27,7 +27,7 @@ from fsdist.c10d.store_rendezvous import _parse_member
 from fsdist.errors import FsdistError, ProtocolError, RendezvousError
 from fsdist.files.locks import Counter, decode_counter, encode_counter
 from fsdist.files.seal import TAG_BYTES, seal
-from fsdist.protocol import failure_report, layout, message, rendezvous_record, state_record
+from fsdist.protocol import failure_report, layout, message, node_ranks, rendezvous_record, state_record
 from fsdist.protocol.sealed import seal_json, seal_value, unseal_json
 from fsdist.transport.incoming import FileMessage, InlineMessage, RingMessage
 
@@ -287,6 +287,29 @@ def test_a_failure_report_is_read_or_refused_with_a_value_error(case: tuple[byte
         return
     assert not damaged or report == REPORT
     assert all(isinstance(report.get(k), int) for k in ("rank", "exit_code") if k in report)
+
+
+NODE_RANKS_PATH = "/shared/run/.launch/gen-0123456789abcdef/nproc.n1.json"
+VALID_NODE_RANKS = node_ranks.encode(NODE_RANKS_PATH, 1, 3)
+
+
+@FUZZ
+@given(case=_damaged_or_forged(VALID_NODE_RANKS, {"node": 1, "nproc": 3}, layout.identity(NODE_RANKS_PATH)))
+def test_a_node_rank_count_is_read_or_refused_with_a_value_error(case: tuple[bytes, bool]) -> None:
+    raw, damaged = case
+    try:
+        nproc = node_ranks.parse(raw, NODE_RANKS_PATH, 1)
+    except ValueError:
+        return
+    assert not damaged or nproc == 3
+    assert type(nproc) is int and 1 <= nproc <= node_ranks.MAX_RANKS_PER_NODE
+
+
+def test_a_node_rank_count_is_bound_to_its_node() -> None:
+    """Copied to another node's name, a valid record is refused (into another round's folder too,
+    with FSDIST_SECRET_FILE: its MAC covers the file's identity, as every record's does)."""
+    with pytest.raises(ValueError, match="is not node 0's record"):
+        node_ranks.parse(VALID_NODE_RANKS, NODE_RANKS_PATH.replace("n1", "n0"), 0)
 
 
 VALID_ROUNDS = failure_report.add_round(b"", "0123456789abcdef", 3, 0, {"rank": 2, "exit_code": -9, "host": "h"})

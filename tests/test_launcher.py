@@ -344,3 +344,28 @@ def test_one_failure_prints_one_traceback_and_a_line_per_rank_it_stopped(tmp_pat
     assert lines[-2:] == ["fsdist run: the job failed; the first failure was rank 1 (exit code 1 on "
                           f"{os.uname().nodename})", "ValueError: rank 1 fails on purpose"], lines  # fmt: skip
     assert len(lines) <= 4 + 3 + 2 and "broke" not in done.stderr, lines
+
+
+def test_nodes_may_start_different_numbers_of_ranks(tmp_path) -> None:
+    """Paper cut (issue 36, 4): --nproc-per-node 2 and 1 on two nodes gave ~80 lines each, ending
+    in "a job of world size 2 ... this rank was started with world size 4"; torchrun allows it."""
+    script = tmp_path / "who.py"
+    script.write_text(
+        "import os, torch, torch.distributed as dist\ndist.init_process_group('fsdist')\n"
+        "x = torch.ones(1)\ndist.all_reduce(x)\n"
+        "print(f\"rank {dist.get_rank()}/{dist.get_world_size()} local {os.environ['LOCAL_RANK']}/"
+        "{os.environ['LOCAL_WORLD_SIZE']} node {os.environ['GROUP_RANK']} sum {x.item()}\", flush=True)\n"
+        "dist.destroy_process_group()\n"
+    )
+    base = [sys.executable, "-m", "fsdist", "run", "--nnodes", "2", "--dir", str(tmp_path / "run")]
+    nodes = [
+        subprocess.Popen([*base, "--nproc-per-node", str(nproc), "--node-rank", str(node), str(script)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node, nproc in ((0, 2), (1, 1))
+    ]  # fmt: skip
+    outputs = [node.communicate(timeout=120) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, err
+    first_node = sorted(outputs[0][0].split("\n")[:2])
+    assert first_node == ["rank 0/3 local 0/2 node 0 sum 3.0", "rank 1/3 local 1/2 node 0 sum 3.0"], first_node
+    assert outputs[1][0].strip() == "rank 2/3 local 0/1 node 1 sum 3.0"

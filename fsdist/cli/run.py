@@ -33,14 +33,15 @@ from typing import Any
 
 from ..defaults import LAUNCH_NOTE_SECONDS
 from ..errors import FsdistError, RendezvousError
-from ..files.io import open_file
+from ..files.io import open_file, publish, read_file
 from ..files.locks import Counter, LockedRecord
 from ..files.trust import adopt_run_directory
+from ..files.waiting import Deadline, poll
 from ..job.clean import clean, retire_stopped
 from ..job.generation import Generation
-from ..job.liveness import hostname
+from ..job.liveness import hostname, is_alive
 from ..job.rendezvous import rendezvous
-from ..protocol import failure_report, layout, rendezvous_record
+from ..protocol import failure_report, layout, node_ranks, rendezvous_record
 from . import ranks
 
 POLL_SECONDS = 0.1
@@ -149,7 +150,7 @@ def _launch(args: argparse.Namespace) -> int:
         )
         return 2
     directory = adopt_run_directory(args.dir)
-    ours = range(node_rank * args.nproc_per_node, (node_rank + 1) * args.nproc_per_node)  # this node's ranks
+    ours = range(0)
     job = ""  # round 0's launch generation: names this job's restart history
     for restart in range(args.max_restarts + 1):
         try:
@@ -166,8 +167,11 @@ def _launch(args: argparse.Namespace) -> int:
         if not job:
             job = launch.generation_id
             _record_round(directory, job, args.max_restarts, None, {})  # a fresh history: no round failed yet
+        sizes = _node_sizes(launch, node_rank, nnodes, args.nproc_per_node, args.timeout)
+        first = sum(sizes[:node_rank])
+        ours = range(first, first + args.nproc_per_node)  # this node's ranks: numbered node by node
         stop_signal: list[int] = []
-        failure = _round(directory, launch, node_rank, nnodes, (job, restart), args, stop_signal)
+        failure = _round(directory, launch, (node_rank, nnodes, first), sum(sizes), (job, restart), args, stop_signal)
         retire_stopped(directory)  # before leaving: the next round's ranks must see them gone
         if failure is None:
             launch.leave()
@@ -190,6 +194,46 @@ def _launch(args: argparse.Namespace) -> int:
     )
     _clean_if_last(directory, last_out)
     return 1
+
+
+def _node_sizes(launch: Generation, node_rank: int, nnodes: int, nproc: int, timeout: float) -> list[int]:
+    """Every node's number of ranks, in node order (protocol/node_ranks.py): this launcher's
+    published, the others' read. Nodes may start different numbers of ranks, as with torchrun."""
+    mine = layout.node_ranks_file(launch.directory, node_rank)
+    publish(launch.directory, os.path.basename(mine), [node_ranks.encode(mine, node_rank, nproc)])
+    sizes = {node_rank: nproc}
+
+    def missing() -> list[int]:
+        return [node for node in range(nnodes) if node not in sizes]
+
+    def all_read() -> list[int] | None:
+        for node in missing():
+            path = layout.node_ranks_file(launch.directory, node)
+            try:
+                sizes[node] = node_ranks.parse(read_file(path, node_ranks.MAX_BYTES, "a node's rank count"), path, node)
+            except FileNotFoundError:
+                continue  # not yet
+            except ValueError as exc:
+                raise RendezvousError(f"the launcher of node {node} published a bad rank count: {exc}") from exc
+        return None if missing() else [sizes[node] for node in range(nnodes)]
+
+    def launchers_alive(_: float) -> None:
+        for node in missing():
+            who = launch.members[node]
+            if is_alive(who) is False:
+                raise RendezvousError(
+                    f"the launcher of node {node} (pid {who.pid} on {who.host}) died before it said how many "
+                    "ranks it starts"
+                )
+
+    return poll(
+        all_read, Deadline(timeout),
+        lambda: RendezvousError(
+            f"Timed out after {timeout:.0f} s waiting for the launchers of node(s) {missing()} to say how many "
+            "ranks they start"
+        ),
+        launchers_alive,
+    )  # fmt: skip
 
 
 def _waiting_for(nnodes: int, joined: list[int], directory: str) -> None:
@@ -215,19 +259,20 @@ def _clean_if_last(directory: str, last_out: bool) -> None:
 def _round(
     directory: str,
     launch: Generation,
-    node_rank: int,
-    nnodes: int,
+    node: tuple[int, int, int],
+    world: int,
     job_round: tuple[str, int],
     args: argparse.Namespace,
     stop_signal: list[int],
 ) -> dict[str, Any] | None:
     """Run this node's ranks once: None when they succeeded, else the round's first failure.
+    ``node``: this node's rank, the number of nodes, and the job rank of its first rank.
 
     SIGINT and SIGTERM end the job (no restart) while ranks run; between rounds they act as usual.
     """
+    node_rank, nnodes, first = node
     abort = LockedRecord(os.path.join(launch.directory, layout.ABORT_FILE))
     done = Counter(os.path.join(launch.directory, layout.DONE_FILE))
-    world = nnodes * args.nproc_per_node
     job, restart = job_round
     elastic = {  # what torchrun tells its workers: a script resumes by them
         "TORCHELASTIC_RESTART_COUNT": str(restart),
@@ -238,7 +283,7 @@ def _round(
     started: list[Rank] = []
     try:
         for local in range(args.nproc_per_node):
-            started.append(_start(directory, launch, node_rank, local, args, world, elastic))
+            started.append(_start(directory, launch, (node_rank, first + local, local), args, world, elastic))
         wait_for_others = args.timeout if restart < args.max_restarts else 0.0
         failure = _watch(started, abort, done, (node_rank, nnodes), stop_signal, wait_for_others)
         if failure is None:
@@ -276,13 +321,13 @@ def _record_round(directory: str, job: str, max_restarts: int, restart: int | No
 def _start(
     directory: str,
     launch: Generation,
-    node_rank: int,
-    local: int,
+    where: tuple[int, int, int],
     args: argparse.Namespace,
     world: int,
     elastic: dict[str, str],
 ) -> Rank:
-    rank = node_rank * args.nproc_per_node + local
+    """Start one rank: ``where`` is its node, its job rank and its local rank."""
+    node_rank, rank, local = where
     error_file = layout.error_file(launch.directory, rank)
     env = ranks.rank_environment(
         rank, local, world, args.nproc_per_node, node_rank, directory, FSDIST_ERROR_FILE=error_file, **elastic

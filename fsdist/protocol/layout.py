@@ -75,6 +75,7 @@ __all__ = [
     "key_to_filename",
     "message_name",
     "node_group_dir",
+    "node_ranks_file",
     "node_tier_prefix",
     "p2p_doorbell_file",
     "p2p_name",
@@ -231,6 +232,11 @@ def spare_name(rank: int, number: int) -> str:
 
 def error_file(launch_generation: str, rank: int) -> str:
     return os.path.join(launch_generation, f"error.r{rank}.json")
+
+
+def node_ranks_file(launch_generation: str, node: int) -> str:
+    """Where node ``node``'s launcher says how many ranks it starts (protocol/node_ranks.py)."""
+    return os.path.join(launch_generation, f"nproc.n{node}.json")
 
 
 def key_to_filename(key: str) -> str:
