@@ -7,7 +7,7 @@ tensors' shapes. An async all_reduce's event spans the compute it overlapped.
     python -m fsdist run --nproc-per-node 2 --dir /tmp/fsdist-profile examples/profile_collectives.py
 
 Writes ``trace-rank<N>.json`` (open it in https://ui.perfetto.dev or chrome://tracing) in the
-current folder, or in PROFILE_DIR, and prints rank 0's table of fsdist events.
+current folder, or in PROFILE_DIR (made if missing), and prints rank 0's table of events.
 """
 
 import os
@@ -38,7 +38,10 @@ with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             work.wait()
 
 folder = os.environ.get("PROFILE_DIR", ".")
-prof.export_chrome_trace(os.path.join(folder, f"trace-rank{rank}.json"))
+os.makedirs(folder, exist_ok=True)
+trace = os.path.join(folder, f"trace-rank{rank}.json")
+prof.export_chrome_trace(trace)
+assert os.path.getsize(trace) > 0, f"torch wrote no trace to {trace}"
 if rank == 0:
     print(prof.key_averages(group_by_input_shape=True).table(sort_by="cpu_time_total", row_limit=12))
 
@@ -52,5 +55,5 @@ computes = [e for e in prof.events() if e.name == "compute"]
 assert len(big) == 3 and all(b.time_range.start <= c.time_range.start for b, c in zip(big, computes, strict=True)), (
     "each async all_reduce is issued before its compute"
 )
-print(f"rank {rank}: {sum(counts.values())} fsdist events in trace-rank{rank}.json", flush=True)
+print(f"rank {rank}: {sum(counts.values())} fsdist events in {trace}", flush=True)
 dist.destroy_process_group()

@@ -234,7 +234,11 @@ def test_clean_after_a_killed_launcher_leaves_only_the_documented_files(tmp_path
     assert launcher.stdout is not None and launcher.stdout.readline().strip() == "ready"
     os.killpg(launcher.pid, signal.SIGKILL)  # the launcher, as a lost node would lose it
     launcher.wait(timeout=30)
-    subprocess.run(["pkill", "-9", "-f", str(script)], check=False)  # and its ranks (sessions of their own)
+    # its ranks (sessions of their own) go with it: they trained on, orphaned, and clean refused
+    deadline = time.monotonic() + 30
+    while _running(str(script)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(str(script)), "the ranks outlived their launcher"
     time.sleep(0.5)  # (the ranks' exits reach /proc)
     cleaned = subprocess.run([sys.executable, "-m", "fsdist", "clean", str(run)], capture_output=True, text=True)
     assert cleaned.returncode == 0, cleaned.stderr
@@ -369,3 +373,46 @@ def test_nodes_may_start_different_numbers_of_ranks(tmp_path) -> None:
     first_node = sorted(outputs[0][0].split("\n")[:2])
     assert first_node == ["rank 0/3 local 0/2 node 0 sum 3.0", "rank 1/3 local 1/2 node 0 sum 3.0"], first_node
     assert outputs[1][0].strip() == "rank 2/3 local 0/1 node 1 sum 3.0"
+
+
+def _running(pattern: str) -> bool:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True).returncode == 0
+
+
+def test_a_peer_failure_torch_wrapped_is_still_one_line() -> None:
+    """Paper cut (issue 36, 13), as a newcomer met it: under DDP, the others' PeerFailedError
+    arrived wrapped by torch ("Got the following error when running the callback: ..."), and
+    each printed a 30-line traceback."""
+    from fsdist.cli.run_rank import _consequence
+    from fsdist.errors import GroupBrokenError, PeerFailedError
+
+    wrapped = RuntimeError(
+        "Got the following error when running the callback: PeerFailedError: rank 2, operation #10 'all_reduce': "
+        "the group was aborted: rank 1 died\n\nAt:\n  /x.py(3): f\n"
+    )
+    assert _consequence(wrapped) == ("PeerFailedError", "rank 2, operation #10 'all_reduce': the group was aborted: "
+                                     "rank 1 died")  # fmt: skip
+    assert _consequence(GroupBrokenError("g")) == ("GroupBrokenError", "g")
+    try:
+        try:
+            raise PeerFailedError("rank 1 died")
+        except PeerFailedError as inner:
+            raise ValueError("the script's own") from inner
+    except ValueError as chained:
+        assert _consequence(chained) == ("PeerFailedError", "rank 1 died")
+    assert _consequence(ValueError("rank 1 fails on purpose")) is None
+
+
+def test_the_launcher_sets_one_omp_thread_per_rank_unless_told(tmp_path) -> None:
+    """Found by a newcomer: 4 ranks under fsdist run ran a DDP step 15x slower than under torchrun,
+    which sets OMP_NUM_THREADS=1 for several ranks per node."""
+    script = tmp_path / "omp.py"
+    script.write_text("import os\nprint('OMP', os.environ.get('OMP_NUM_THREADS'), flush=True)\n")
+    command = [sys.executable, "-m", "fsdist", "run", "--dir", str(tmp_path / "run")]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    for nproc, user, expected in (("2", None, "1"), ("2", "3", "3"), ("1", None, "None")):
+        run_env = env if user is None else {**env, "OMP_NUM_THREADS": user}
+        done = subprocess.run([*command, "--nproc-per-node", nproc, str(script)], capture_output=True, text=True,
+                              env=run_env, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert set(done.stdout.split("\n")[:-1]) == {f"OMP {expected}"}, done.stdout

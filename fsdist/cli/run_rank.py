@@ -11,8 +11,10 @@ that matters, the first failure's, is the launcher's to print (its report keeps 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import runpy
+import signal
 import sys
 import time
 import traceback
@@ -28,24 +30,62 @@ def main() -> None:
     script = sys.argv[1]
     sys.argv = sys.argv[1:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    _end_with_the_launcher()
     try:
         runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         if exc.code not in (None, 0):
             _record(exc)
         raise
-    except (PeerFailedError, GroupBrokenError) as exc:
-        _record(exc)
-        print(f"{_prefix()}{type(exc).__name__}: {exc} (stopped because another rank failed)", file=sys.stderr)
-        sys.exit(1)
     except Exception as exc:  # noqa: BLE001 - every error: recorded, then printed as Python would
-        _record(exc)
-        lines = _script_traceback(exc).splitlines()
-        print("\n".join(_prefix() + line for line in lines), file=sys.stderr)  # torch's rank prefix, as under torchrun
+        consequence = _consequence(exc)
+        _record(exc, consequence)
+        if consequence is not None:
+            kind, message = consequence
+            print(f"{_prefix()}{kind}: {message} (stopped because another rank failed)", file=sys.stderr)
+        else:
+            lines = _script_traceback(exc).splitlines()
+            print("\n".join(_prefix() + line for line in lines), file=sys.stderr)  # torch's rank prefix, as torchrun's
         sys.exit(1)
     except BaseException as exc:  # KeyboardInterrupt and the like: Python's own ending
         _record(exc)
         raise
+
+
+def _end_with_the_launcher() -> None:
+    """Have the kernel stop this rank (SIGTERM) when its launcher dies: a launcher killed with
+    SIGKILL cannot stop its ranks (each runs in a session of its own), which would train on,
+    orphaned, holding the run directory. ``FSDIST_LAUNCHER_PID``: the launcher, which may have
+    died before the link was made."""
+    launcher = os.environ.get("FSDIST_LAUNCHER_PID", "")
+    if not launcher.isdigit():
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) == 0 and os.getppid() != int(launcher):
+        os.kill(os.getpid(), signal.SIGTERM)  # it died already
+
+
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+_CONSEQUENCES = (PeerFailedError, GroupBrokenError)
+
+
+def _consequence(exc: BaseException) -> tuple[str, str] | None:
+    """(kind, message) of the failure of another rank that ``exc`` only passes on, or None.
+
+    torch wraps an error raised in a future's callback (DDP's reducer, a comm hook) in a
+    RuntimeError "Got the following error when running the callback: PeerFailedError: ..." and
+    drops the chain: the name in the text is all that is left."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, _CONSEQUENCES):
+            return type(seen).__name__, str(seen)
+        seen = seen.__cause__ or seen.__context__
+    text = str(exc)
+    for kind in (cls.__name__ for cls in _CONSEQUENCES):
+        at = text.find(f"{kind}: ")
+        if at >= 0:
+            return kind, text[at + len(kind) + 2 :].split("\n")[0]
+    return None
 
 
 def _prefix() -> str:
@@ -62,15 +102,18 @@ def _script_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def _record(exc: BaseException) -> None:
+def _record(exc: BaseException, consequence: tuple[str, str] | None = None) -> None:
+    """Write the report the launcher reads (a consequence under its own kind: the launcher
+    reports a root cause before it)."""
     path = os.environ.get("FSDIST_ERROR_FILE")
     if not path:
         return
+    kind, message = consequence or (type(exc).__name__, str(exc))
     report = failure_report.encode(
         {
             "rank": int(os.environ.get("RANK", "-1")),
-            "type": type(exc).__name__,
-            "message": str(exc),
+            "type": kind,
+            "message": message,
             "traceback": _script_traceback(exc),
             "time": time.time(),
         }
