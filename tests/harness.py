@@ -228,6 +228,13 @@ INIT_METHODS = {
 }
 
 
+def unshare_works() -> bool:
+    """Whether ``unshare -n`` can make a network namespace here (root, or user namespaces)."""
+    if shutil.which("unshare") is None:
+        return False
+    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
+
+
 def left_in(directory: str) -> list[str]:
     """What ``directory`` holds, this user's node-local folder (``fsdist-<uid>``, which fsdist makes
     once and keeps: files/trust.py node_directory) looked into rather than listed itself."""

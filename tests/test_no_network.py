@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +11,8 @@ from pathlib import Path
 import pytest
 
 import fsdist
+
+from harness import unshare_works
 
 PACKAGE = Path(fsdist.__file__).parent
 REPO = Path(__file__).resolve().parent.parent
@@ -30,13 +31,7 @@ def test_no_module_imports_socket() -> None:
     assert not offenders, offenders
 
 
-def _unshare_works() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
-
-
-@pytest.mark.skipif(not _unshare_works(), reason="unshare -n needs root (or user namespaces) and util-linux")
+@pytest.mark.skipif(not unshare_works(), reason="unshare -n needs root (or user namespaces) and util-linux")
 def test_four_ranks_inside_a_network_namespace_with_no_interfaces(tmp_path) -> None:
     script = (  # only a downed loopback: connecting gives ENETUNREACH, not ECONNREFUSED
         "import errno, socket, sys; "

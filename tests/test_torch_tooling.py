@@ -5,14 +5,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from harness import RankPool
+from harness import RankPool, unshare_works
 from in_rank import tooling as cases
 
 # ---- profiler ---------------------------------------------------------------------------------
@@ -158,13 +157,7 @@ dist.destroy_process_group()
 """
 
 
-def _unshare_works() -> bool:
-    if shutil.which("unshare") is None:
-        return False
-    return subprocess.run(["unshare", "-n", "true"], capture_output=True).returncode == 0
-
-
-@pytest.mark.skipif(not _unshare_works(), reason="unshare -n needs root (or user namespaces) and util-linux")
+@pytest.mark.skipif(not unshare_works(), reason="unshare -n needs root (or user namespaces) and util-linux")
 def test_default_for_cpu_makes_a_device_mesh_with_no_port(tmp_path) -> None:
     script = tmp_path / "mesh.py"
     script.write_text(textwrap.dedent(MESH_SCRIPT))
