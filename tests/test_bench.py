@@ -218,6 +218,30 @@ def test_lock_benchmark_cli_json_has_the_promised_keys(tmp_path) -> None:
     assert result["lost_updates"] == 0
 
 
+@pytest.mark.parametrize("kind", ["ofd", "posix", "flock", "filelock", "softfilelock"])
+def test_every_lock_kind_loses_no_update_here_and_cleans_up(tmp_path, kind: str) -> None:
+    """The locks other tools take (issue 35), side by side with fsdist's own: on a local
+    filesystem each excludes, also through a second path to the directory."""
+    result = measure(str(tmp_path), procs=3, seconds=0.3, peer_directory=os.path.join(str(tmp_path), "."), kind=kind)
+    assert result.kind == kind and result.lost_updates == 0 and result.increments == result.final_value > 0
+    assert os.listdir(tmp_path) == []
+
+
+def test_lock_benchmark_cli_compares_the_kinds_in_one_table(tmp_path) -> None:
+    command = [sys.executable, "-m", "fsdist", "bench", "locks", str(tmp_path), "-n", "2", "--seconds", "0.2",
+               "--kind", "all"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    rows = {line.split()[0]: line for line in done.stdout.splitlines()[2:]}
+    assert sorted(rows) == sorted(["fsdist", "ofd", "posix", "flock", "filelock", "softfilelock"]), done.stdout
+    assert all(line.endswith("safe here") for line in rows.values()), done.stdout
+    listed = subprocess.run([*command[:-1], "flock,posix", "--json"], capture_output=True, text=True, timeout=120)
+    assert [r["kind"] for r in json.loads(listed.stdout)] == ["flock", "posix"], listed.stdout
+    wrong = subprocess.run([*command[:-1], "fcntl"], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "--kind fcntl: each one of fsdist, ofd" in wrong.stderr, wrong.stderr
+    assert os.listdir(tmp_path) == []
+
+
 def test_lock_benchmark_refuses_a_peer_mount_that_is_not_the_same_directory(tmp_path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

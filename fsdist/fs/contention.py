@@ -1,11 +1,12 @@
 """Processes contending for one lock-guarded counter: lost updates, rate, latency, fairness.
 
-N processes increment one ``files.locks.Counter`` (the very path fsdist's state records and
-counters rely on) as fast as they can. If the lock excludes, the final value equals the sum of
-every process's own count; any shortfall is a *lost update*: two processes read the same value
-under what each believed was an exclusive lock. With a peer directory (the same directory
-through another mount, i.e. another client) every other process works through it, so the test
-crosses clients. ``fsdist doctor`` runs it briefly, ``fsdist bench locks`` at length.
+N processes increment one counter as fast as they can, under one kind of lock (fs/lock_kinds.py:
+fsdist's own ``files.locks.Counter`` by default, the very path its state records and counters
+rely on; or OFD, POSIX, ``flock``, ``filelock``'s, as other tools lock). If the lock excludes,
+the final value equals the sum of every process's own count; any shortfall is a *lost update*:
+two processes read the same value under what each believed was an exclusive lock. With a peer
+directory (the same directory through another mount, i.e. another client) every other process
+works through it, so the test crosses clients. ``fsdist doctor`` runs it briefly, ``fsdist bench locks`` at length.
 
 Processes are forked where possible: the check costs milliseconds to start instead of a fresh
 interpreter (and its imports) per process.
@@ -26,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from ..files.io import remove_tree
-from ..files.locks import Counter
 from ..files.trust import make_private_dir
+from . import lock_kinds
 
 __all__ = ["Contention", "contend", "measure"]
 
@@ -51,13 +52,17 @@ class Contention:
     fairness: float  # min / max increments per process (1.0: perfectly fair)
     directory: str
     peer_directory: str | None
+    kind: str = "fsdist"  # the lock (fs/lock_kinds.py)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def measure(directory: str, procs: int = 4, seconds: float = 2.0, peer_directory: str | None = None) -> Contention:
-    """Contend for a counter in a fresh private folder of ``directory`` (removed afterwards).
+def measure(
+    directory: str, procs: int = 4, seconds: float = 2.0, peer_directory: str | None = None, kind: str = "fsdist"
+) -> Contention:
+    """Contend for a counter in a fresh private folder of ``directory`` (removed afterwards),
+    under the lock ``kind`` (fs/lock_kinds.py).
 
     With ``peer_directory`` (the same directory mounted elsewhere) odd-numbered processes reach
     the counter through that path.
@@ -66,26 +71,30 @@ def measure(directory: str, procs: int = 4, seconds: float = 2.0, peer_directory
     work = os.path.join(directory, name)
     make_private_dir(work)
     try:
-        paths = [os.path.join(work, "counter")]
+        folders = [work]
         if peer_directory is not None:
             if name not in os.listdir(peer_directory):  # a listing revalidates NFS's lookup cache
                 raise ValueError(f"{peer_directory} is not another mount of {directory}: {name} is not there")
-            paths.append(os.path.join(peer_directory, name, "counter"))
-        result = contend(paths, procs, seconds)
+            folders.append(os.path.join(peer_directory, name))
+        result = contend(folders, procs, seconds, kind=kind)
     finally:
         remove_tree(work)
     result.directory, result.peer_directory = directory, peer_directory
     return result
 
 
-def contend(paths: list[str], procs: int, seconds: float, max_increments: int | None = None) -> Contention:
-    """``procs`` processes increment the counter at ``paths`` (one file, process i through
-    ``paths[i % len(paths)]``) for ``seconds``, or until each made ``max_increments``."""
+def contend(
+    folders: list[str], procs: int, seconds: float, max_increments: int | None = None, kind: str = "fsdist"
+) -> Contention:
+    """``procs`` processes increment the counter of ``kind`` in ``folders`` (one folder, process i
+    through ``folders[i % len(folders)]``) for ``seconds``, or until each made ``max_increments``."""
     if procs < 1 or seconds <= 0:
         raise ValueError("lock contention needs at least one process and a positive duration")
-    Counter(paths[0]).close()  # create it before anyone races to
-    counts, latencies = _run(paths, procs, seconds, max_increments)
-    final = _final_value(paths[0])
+    if kind not in lock_kinds.KINDS:
+        raise ValueError(f"lock kind {kind!r}: one of {', '.join(lock_kinds.KINDS)}")
+    lock_kinds.prepare(kind, folders[0])  # before anyone races to
+    counts, latencies = _run(folders, procs, seconds, max_increments, kind)
+    final = lock_kinds.read_value(kind, folders[0])
     total = sum(counts)
     most = max(counts, default=0)
     p50, p99, top = np.percentile(latencies, [50, 99, 100]) * 1e6 if latencies else (0.0, 0.0, 0.0)
@@ -101,25 +110,21 @@ def contend(paths: list[str], procs: int, seconds: float, max_increments: int | 
         max_us=float(top),
         per_process=counts,
         fairness=min(counts) / most if most else 0.0,
-        directory=os.path.dirname(paths[0]),
-        peer_directory=os.path.dirname(paths[1]) if len(paths) > 1 else None,
+        directory=folders[0],
+        peer_directory=folders[1] if len(folders) > 1 else None,
+        kind=kind,
     )
 
 
-def _final_value(path: str) -> int:
-    with Counter(path) as counter:
-        return counter.get()
-
-
-def _run(paths: list[str], procs: int, seconds: float, most: int | None) -> tuple[list[int], list[float]]:
+def _run(folders: list[str], procs: int, seconds: float, most: int | None, kind: str) -> tuple[list[int], list[float]]:
     # fork where there is one: no new interpreter, no re-import (spawn costs ~1 s per process)
     ctx: Any = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
     start_at = time.monotonic() + 0.2 + 0.02 * procs  # every process starts counting together
     workers, conns = [], []
     for index in range(procs):
         parent, child = ctx.Pipe(duplex=False)
-        path = paths[index % len(paths)]
-        proc = ctx.Process(target=_worker, args=(path, start_at, seconds, most, child), daemon=True)
+        folder = folders[index % len(folders)]
+        proc = ctx.Process(target=_worker, args=(kind, folder, start_at, seconds, most, child), daemon=True)
         proc.start()
         child.close()
         workers.append(proc)
@@ -144,18 +149,17 @@ def _run(paths: list[str], procs: int, seconds: float, most: int | None) -> tupl
     return counts, latencies
 
 
-def _worker(path: str, start_at: float, seconds: float, most: int | None, conn: Connection) -> None:
+def _worker(kind: str, folder: str, start_at: float, seconds: float, most: int | None, conn: Connection) -> None:
     samples = array("d")
     done = 0
-    with Counter(path) as counter:
-        counter.get()  # open and warm the caches first, as a long-running rank would have
+    with lock_kinds.incrementer(kind, folder) as increment:
         while time.monotonic() < start_at:
             time.sleep(0.001)
         end = start_at + seconds
         clock = time.monotonic
         while True:
             before = clock()
-            counter.add(1)
+            increment()
             after = clock()
             samples.append(after - before)
             done += 1
