@@ -43,7 +43,7 @@ trace = os.path.join(folder, f"trace-rank{rank}.json")
 prof.export_chrome_trace(trace)
 assert os.path.getsize(trace) > 0, f"torch wrote no trace to {trace}"
 if rank == 0:
-    print(prof.key_averages(group_by_input_shape=True).table(sort_by="cpu_time_total", row_limit=12))
+    print(prof.key_averages(group_by_input_shape=True).table(sort_by="cpu_time_total", row_limit=20))
 
 # the check: one event per call, each async all_reduce's outlasting the matmul it overlapped
 events = [e for e in prof.events() if e.name.startswith("fsdist:")]

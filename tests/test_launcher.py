@@ -416,3 +416,17 @@ def test_the_launcher_sets_one_omp_thread_per_rank_unless_told(tmp_path) -> None
                               env=run_env, timeout=120)  # fmt: skip
         assert done.returncode == 0, done.stderr
         assert set(done.stdout.split("\n")[:-1]) == {f"OMP {expected}"}, done.stdout
+
+
+def test_when_only_consequences_were_recorded_the_report_says_so(capsys) -> None:
+    """Found by a newcomer: after node 1's launcher was killed with SIGKILL, node 0 said "the first
+    failure was rank 1", a rank whose own line said it stopped because another rank failed."""
+    from fsdist.cli.run import _report
+
+    failure = {"rank": 1, "exit_code": 1, "host": "n0", "type": "PeerFailedError",
+               "message": "rank 1, operation #921 'all_reduce': rank 2 (pid 8680 on n1) died"}  # fmt: skip
+    _report(failure, "", range(0, 2))
+    first, second = capsys.readouterr().err.strip().splitlines()
+    assert first.startswith("fsdist run: the job failed; the first failure recorded was rank 1 (exit code 1 on n0), "
+                            "which only stopped because another rank failed"), first  # fmt: skip
+    assert second == "PeerFailedError: rank 1, operation #921 'all_reduce': rank 2 (pid 8680 on n1) died"

@@ -170,7 +170,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     def _broke(self, error: BaseException) -> None:
         # (debug only: the same error reaches the caller's wait, and every later call, as an exception)
         log.debug("rank %d: process group %s broke: %s", self.rank(), self._group_name, error)
-        self._collectives.abort(f"rank {self.rank()}: {error}")
+        text = str(error)  # (fsdist's own errors name the rank first already: "rank 0, operation #5 ...")
+        self._collectives.abort(text if text.startswith(f"rank {self.rank()}") else f"rank {self.rank()}: {text}")
 
     # ---- collectives ----------------------------------------------------------------------
 

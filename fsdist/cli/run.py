@@ -455,6 +455,12 @@ def _report(failure: dict[str, Any], then: str, ours: range) -> None:
     lines = [f"fsdist run: {what} failed; the first failure was {who}"]
     if "exit_code" in failure:
         lines[0] += f" (exit code {failure['exit_code']} on {failure.get('host', '?')})"
+    if failure.get("type") in _CONSEQUENCES:  # the root cause was never recorded: a node lost, say
+        lines[0] = lines[0].replace("the first failure was", "the first failure recorded was")
+        lines[0] += (
+            ", which only stopped because another rank failed; no launcher recorded that rank's own "
+            "failure (its node, or its launcher, may have been killed)"
+        )
     if then:
         lines[0] += f"; {then}"
     if failure.get("type"):
