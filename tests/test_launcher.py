@@ -430,3 +430,24 @@ def test_when_only_consequences_were_recorded_the_report_says_so(capsys) -> None
     assert first.startswith("fsdist run: the job failed; the first failure recorded was rank 1 (exit code 1 on n0), "
                             "which only stopped because another rank failed"), first  # fmt: skip
     assert second == "PeerFailedError: rank 1, operation #921 'all_reduce': rank 2 (pid 8680 on n1) died"
+
+
+def test_ctrl_c_reaches_a_launcher_that_inherited_it_ignored_and_blocked(tmp_path) -> None:
+    """A launcher started from a script in the background inherits SIGINT ignored, or blocked:
+    it sat in the launchers' rendezvous through Ctrl-C (seen in a full run of the suite)."""
+
+    def ignore_and_block() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+    script = tmp_path / "hello.py"
+    script.write_text("print('hi')\n")
+    command = [sys.executable, "-m", "fsdist", "run", "--nproc-per-node", "1", "--nnodes", "2", "--dir",
+               str(tmp_path / "run"), str(script)]  # fmt: skip
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, preexec_fn=ignore_and_block)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "run" / ".launch" / "fsdist-rendezvous.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)  # in the launchers' rendezvous: the second node never comes
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted (SIGINT)" in err, err

@@ -123,6 +123,11 @@ _REQUIRED = {"--nproc-per-node": "--nproc-per-node", "--nproc_per_node": "--npro
 
 
 def run(args: argparse.Namespace) -> int:
+    # Ctrl-C and SIGTERM stop the job whatever this process inherited, as torchrun's agent
+    # installs its own handlers: a launcher started from a script in the background gets SIGINT
+    # ignored (or blocked), and would otherwise sit in the launchers' rendezvous through both
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _launch(args)
     except KeyboardInterrupt:  # Ctrl-C outside a round (waiting for the other launchers)
