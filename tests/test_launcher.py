@@ -409,7 +409,7 @@ def test_the_launcher_sets_one_omp_thread_per_rank_unless_told(tmp_path) -> None
     """Found by a newcomer: 4 ranks under fsdist run ran a DDP step 15x slower than under torchrun,
     which sets OMP_NUM_THREADS=1 for several ranks per node."""
     script = tmp_path / "omp.py"
-    script.write_text("import os\nprint('OMP', os.environ.get('OMP_NUM_THREADS'), flush=True)\n")
+    script.write_text("import os\nprint(f\"OMP={os.environ.get('OMP_NUM_THREADS')}\", flush=True)\n")  # (one write)
     command = [sys.executable, "-m", "fsdist", "run", "--dir", str(tmp_path / "run")]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     for nproc, user, expected in (("2", None, "1"), ("2", "3", "3"), ("1", None, "None")):
@@ -418,7 +418,7 @@ def test_the_launcher_sets_one_omp_thread_per_rank_unless_told(tmp_path) -> None
                               env=run_env, timeout=120)  # fmt: skip
         assert done.returncode == 0, done.stderr
         # (two ranks print into one pipe: lines may interleave)
-        assert re.findall(r"OMP (None|\d+)", done.stdout) == [expected] * int(nproc), done.stdout
+        assert re.findall(r"OMP=(None|\d+)", done.stdout) == [expected] * int(nproc), done.stdout
 
 
 def test_when_only_consequences_were_recorded_the_report_says_so(capsys) -> None:
