@@ -401,7 +401,7 @@ def _watch(
 
 
 def _failure(rank: Rank, code: int) -> dict[str, Any]:
-    report: dict[str, Any] = {"rank": rank.rank, "exit_code": code, "host": os.uname().nodename}
+    report: dict[str, Any] = {"rank": rank.rank, "exit_code": code, "host": hostname()}
     try:
         fd = open_file(rank.error_file, os.O_RDONLY)
         try:

@@ -34,7 +34,7 @@ from .trust import size_checked
 from .waiting import LOCKING, Deadline, poll
 
 _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
-_FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: type, whence, start, len, pid (0 for OFD)
+FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: type, whence, start, len, pid (0 for OFD)
 SHARED, EXCLUSIVE, UNLOCK = fcntl.F_RDLCK, fcntl.F_WRLCK, fcntl.F_UNLCK
 _POSIX = {SHARED: fcntl.LOCK_SH, EXCLUSIVE: fcntl.LOCK_EX, UNLOCK: fcntl.LOCK_UN}
 
@@ -82,7 +82,7 @@ def _try(fd: int, kind: int) -> bool:
     while True:
         try:
             if _OFD_SETLK is not None:
-                fcntl.fcntl(fd, _OFD_SETLK, _FLOCK.pack(kind, os.SEEK_SET, 0, 0, 0))
+                fcntl.fcntl(fd, _OFD_SETLK, FLOCK.pack(kind, os.SEEK_SET, 0, 0, 0))
             else:
                 fcntl.lockf(fd, _POSIX[kind] | (fcntl.LOCK_NB if kind != UNLOCK else 0))
             return True

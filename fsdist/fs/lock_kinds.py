@@ -29,14 +29,13 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from ..files.io import open_file, write_new
-from ..files.locks import Counter
+from ..files.locks import FLOCK, Counter
 
 __all__ = ["KINDS", "Incrementer", "incrementer", "prepare", "read_value"]
 
 KINDS = ("fsdist", "ofd", "posix", "flock", "filelock", "softfilelock")
 _VALUE = struct.Struct("<q")
 _OFD_SETLKW = getattr(fcntl, "F_OFD_SETLKW", None)
-_FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: type, whence, start, len, pid (0 for OFD)
 
 #: one lock-guarded increment
 Incrementer = Callable[[], None]
@@ -127,7 +126,7 @@ def _set(kind: str, fd: int, exclusive: bool) -> None:
     else:  # ofd
         if _OFD_SETLKW is None:
             raise OSError("this kernel has no OFD locks (F_OFD_SETLKW)")
-        fcntl.fcntl(fd, _OFD_SETLKW, _FLOCK.pack(fcntl.F_WRLCK if exclusive else fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0))
+        fcntl.fcntl(fd, _OFD_SETLKW, FLOCK.pack(fcntl.F_WRLCK if exclusive else fcntl.F_UNLCK, os.SEEK_SET, 0, 0, 0))
 
 
 def _read(path: str) -> int:
