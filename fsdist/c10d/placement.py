@@ -23,6 +23,7 @@ from ..files.trust import node_directory
 from ..job.generation import Generation
 from ..job.io_choice import choose_records
 from ..job.liveness import PeerWatch
+from ..job.lock_check import check_locks
 from ..job.nodes import Nodes
 from ..protocol import layout
 from ..transport.group import GroupTransport
@@ -89,6 +90,7 @@ def group_collectives(
     generation.incarnations[group_id] = incarnation + 1
     directory = layout.group_dir(generation.directory, group_id, incarnation)
     if generation.records is None:  # the job's first group: before its heartbeat starts
+        check_locks(store, generation.directory, generation.members, generation.rank)
         generation.records = choose_records(store, generation.directory, generation.members, generation.rank)
         log.info("fsdist: rank %d: %s records: %s", generation.rank,
                  "direct" if generation.direct else "locked", generation.records.why)  # fmt: skip

@@ -48,7 +48,7 @@ RECORD_MAX_BYTES = 1 << 20
 
 __all__ = [
     "EXCLUSIVE", "RECORD_MAX_BYTES", "SHARED", "UNLOCK", "Counter", "LockedRecord", "OnWait", "decode_counter",
-    "encode_counter", "lock", "read_locked", "try_lock",
+    "encode_counter", "lock", "lock_kind_in_use", "read_locked", "try_lock", "unlock",
 ]  # fmt: skip
 
 
@@ -98,6 +98,17 @@ def _try(fd: int, kind: int) -> bool:
 def try_lock(fd: int) -> bool:
     """Take an exclusive lock without waiting: True if taken, False if another holder has one."""
     return _try(fd, EXCLUSIVE)
+
+
+def unlock(fd: int) -> None:
+    """Release what ``try_lock`` took."""
+    _try(fd, UNLOCK)
+
+
+def lock_kind_in_use() -> str:
+    """ "ofd" while this process takes OFD locks, "posix" once the kernel or a filesystem refused
+    them (``_try`` then falls back for the rest of the process)."""
+    return "ofd" if _OFD_SETLK is not None else "posix"
 
 
 def read_locked(path: str, size: int | None = None, max_size: int = RECORD_MAX_BYTES) -> tuple[bytes, float | None]:
@@ -267,6 +278,9 @@ class LockedRecord:
                 yield
             finally:
                 self._lock(UNLOCK)
+
+    def fileno(self) -> int:
+        return self._fd
 
     def close(self) -> None:
         if self._fd >= 0:

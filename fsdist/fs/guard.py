@@ -18,12 +18,13 @@ from typing import Any
 
 from ..defaults import ENV_ALLOW_UNSAFE_FS, ENV_SECRET_FILE
 from ..errors import RendezvousError
-from .mounts import client_key, cross_client_hazard, find_mount, local_hazard
+from .mounts import client_key, cross_client_hazard, describe_filesystem, find_mount, is_local, local_hazard
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "allowed", "check_members", "corrupted", "describe_client", "refuse_known_multinode", "warn_of_a_shared_secret",
+    "allowed", "check_members", "corrupted", "describe_client", "lock_hint", "refuse_known_multinode", "suspect",
+    "warn_of_a_shared_secret",
 ]  # fmt: skip
 
 #: network filesystems whose every client could read a file of the user's, root impersonating any uid
@@ -81,6 +82,24 @@ def corrupted(root: str, hazard: str, path: str, exc: Exception) -> RendezvousEr
     """The rendezvous file read back corrupt on a mount known to lose lock-guarded writes."""
     return _error(
         root, hazard, f"the rendezvous file {path} read back corrupt ({exc}; delete it once the mount is fixed)"
+    )
+
+
+def suspect(root: str, error: RendezvousError) -> RendezvousError:
+    """``error`` (the rendezvous file read back corrupt), naming the likely cause where the run
+    directory is shared: locks that do not exclude across clients, which a mount may not show
+    (MooseFS ``mfsnoposixlocks``, SeaweedFS without ``-dlm``). A job that got past the
+    rendezvous measures it (job/lock_check.py); one that did not, gets this."""
+    return error if is_local(root) else type(error)(f"{error}; {lock_hint(root, 'this is what happens')}")
+
+
+def lock_hint(root: str, what: str) -> str:
+    """Where ``root`` is shared: ``what`` (a symptom) is what locks that do not hold across the
+    clients cause, and how to measure it."""
+    return (
+        f"on {describe_filesystem(root)} {what} when the clients' locks do not exclude each other: if the "
+        f"ranks reach {root} through several nodes or mounts, `python -m fsdist doctor {root} --peer-mount DIR2` "
+        "measures whether they do"
     )
 
 

@@ -26,6 +26,8 @@ __all__ = [
     "classify",
     "client_key",
     "cross_client_hazard",
+    "describe_filesystem",
+    "filesystem_name",
     "find_mount",
     "is_local",
     "local_hazard",
@@ -141,6 +143,30 @@ def find_mount(path: str, mountinfo: str = "/proc/self/mountinfo") -> Mount:
     if best is None:
         raise OSError(f"no mount found for {real}")
     return best
+
+
+#: what users call a filesystem, by mount type (FUSE ones by subtype)
+_NAMES = {
+    "nfs": "NFS", "nfs4": "NFS", "lustre": "Lustre", "gpfs": "GPFS", "ceph": "CephFS", "fuse.ceph-fuse": "CephFS",
+    "fuse.ceph": "CephFS", "fuse.glusterfs": "GlusterFS", "fuse.juicefs": "JuiceFS", "fuse.seaweedfs": "SeaweedFS",
+    "beegfs": "BeeGFS",
+}  # fmt: skip
+
+
+def filesystem_name(mount: Mount) -> str:
+    """The filesystem's own name where known ("MooseFS" mounts as plain ``fuse``), else its type."""
+    if mount.source.startswith("mfs#"):
+        return "MooseFS"
+    return _NAMES.get(mount.fstype, mount.fstype)
+
+
+def describe_filesystem(path: str) -> str:
+    """``path``'s filesystem for a message: "MooseFS (fuse at /mnt/a, from mfs#host:9421)"."""
+    try:
+        mount = find_mount(path)
+    except OSError:
+        return "an unknown filesystem"
+    return f"{filesystem_name(mount)} ({mount.fstype} at {mount.mount_point}, from {mount.source})"
 
 
 def is_local(path: str) -> bool:
@@ -306,6 +332,16 @@ def classify(mount: Mount) -> list[Finding]:
                     UNSAFE,
                     f"{daemon} (FUSE) does not forward locks: they are local to this mount",
                     "use a filesystem with shared locks (NFS, Lustre, GPFS, GlusterFS)",
+                )
+            ]
+        if mount.source.startswith("mfs#"):
+            return [
+                Finding(
+                    "locking",
+                    OK,
+                    "MooseFS takes fcntl and flock locks at its master, unless mounted with mfsnoposixlocks or "
+                    "mfsnobsdlocks, which the mount table does not show: --peer-mount measures it, and so does "
+                    "every job whose ranks span clients",
                 )
             ]
         if base in _FUSE_LOCKING:

@@ -15,15 +15,28 @@ import multiprocessing as mp
 import os
 import secrets
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..files.direct import DirectRecord
 from ..files.io import open_file, publish, read_file, unlink_quietly
-from ..files.locks import Counter, LockedRecord, decode_counter, encode_counter, try_lock
+from ..files.locks import (
+    EXCLUSIVE,
+    Counter,
+    LockedRecord,
+    decode_counter,
+    encode_counter,
+    lock,
+    lock_kind_in_use,
+    try_lock,
+    unlock,
+)  # fmt: skip
 
 __all__ = [
+    "LockSemantics",
     "direct_visibility",
     "lock_exclusion",
+    "lock_semantics",
     "new_file_visibility",
     "rename_atomicity",
     "rewrite_visibility",
@@ -186,3 +199,91 @@ def _until_read(held: LockedRecord | None, path: str, value: int, limit: float) 
             return time.monotonic() - start
         time.sleep(0.001)
     return None
+
+
+@dataclass(frozen=True)
+class LockSemantics:
+    """What fsdist's lock does on one filesystem (``lock_semantics``): the answers that decide
+    whether its kind of lock is safe there. FUSE hands an OFD lock to its daemon as a plain lock
+    request, and its release when a descriptor closes needed a kernel change (Linux 6.x), so on a
+    FUSE filesystem these are measured, not assumed."""
+
+    #: which lock fsdist took: "ofd" (F_OFD_SETLK), or "posix" where the kernel or filesystem has none
+    kind: str
+    #: a second descriptor of the *same* process is refused while the first holds the lock (the
+    #: OFD promise; POSIX locks belong to the process, so there it is expected False)
+    same_process_excludes: bool
+    #: another process can take it once the holder *closed* its descriptor (still alive)
+    released_at_close: bool
+    #: another process can take it once the holder was killed with SIGKILL
+    released_at_death: bool
+
+    def problems(self) -> list[str]:
+        """What would go wrong with fsdist's locks here; empty when nothing."""
+        out = []
+        if self.kind == "ofd" and not self.same_process_excludes:
+            out.append("an OFD lock did not exclude a second descriptor of the same process")
+        if not self.released_at_close:
+            out.append("a lock outlived the descriptor that held it (closed, process alive)")
+        if not self.released_at_death:
+            out.append("a lock outlived its process (SIGKILL): the next job would wait for it")
+        return out
+
+
+def lock_semantics(path: str, wait: float = 3.0) -> LockSemantics:
+    """Measure fsdist's lock (files/locks.py: OFD where taken, else POSIX) on ``path``'s
+    filesystem: same-process exclusion, release at close, release at process death. A release
+    is looked for for ``wait`` seconds (a FUSE daemon may hand it on late)."""
+    with LockedRecord(path) as first, first.held():
+        kind = "ofd" if lock_kind_in_use() == "ofd" else "posix"
+        fd = open_file(path, os.O_RDWR)
+        try:
+            same_process_excludes = not try_lock(fd)
+            if not same_process_excludes:
+                unlock(fd)
+        finally:
+            os.close(fd)
+    ctx = _ctx()
+    ready = ctx.Queue()
+    # closed: a child takes the lock through its own descriptor and closes it, staying alive
+    holder = ctx.Process(target=_hold, args=(path, ready, True))
+    holder.start()
+    try:
+        ready.get(timeout=10)
+        released_at_close = _eventually_taken(path, wait)
+    finally:
+        holder.kill()
+        holder.join()
+    holder = ctx.Process(target=_hold, args=(path, ready, False))
+    holder.start()
+    ready.get(timeout=10)
+    holder.kill()
+    holder.join()
+    released_at_death = _eventually_taken(path, wait)
+    return LockSemantics(kind, same_process_excludes, released_at_close, released_at_death)
+
+
+def _hold(path: str, ready: Any, close: bool) -> None:
+    """Take fsdist's lock on ``path``; close the descriptor if asked; then stay alive (the
+    parent kills this process)."""
+    record = LockedRecord(path, create=False)
+    lock(record.fileno(), EXCLUSIVE, path)
+    if close:
+        record.close()
+    ready.put(True)
+    time.sleep(60)
+
+
+def _eventually_taken(path: str, wait: float) -> bool:
+    fd = open_file(path, os.O_RDWR)
+    try:
+        end = time.monotonic() + wait
+        while True:
+            if try_lock(fd):
+                unlock(fd)
+                return True
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.01)
+    finally:
+        os.close(fd)

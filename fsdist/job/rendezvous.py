@@ -28,6 +28,7 @@ from ..errors import RendezvousError
 from ..files.trust import adopt_run_directory
 from ..files.waiting import Deadline, poll
 from ..fs import guard
+from ..fs.mounts import describe_filesystem, is_local
 from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import (
     MAX_WAITING,
@@ -92,6 +93,8 @@ def rendezvous(
         def join(old: bytes) -> bytes | None:
             nonlocal state
             state = parse(old)
+            if joined and my_slot() is None:
+                raise lost_entry(joined[0])
             retired = retire_own_stale_entries(state, me, in_use)
             if state.get("generation") in in_use:
                 raise RendezvousError(
@@ -133,7 +136,23 @@ def rendezvous(
             slot = rank if rank is not None else min(set(range(world_size)) - {int(r) for r in state["members"]})
             state["members"][str(slot)] = me
             state["complete"] = len(state["members"]) == world_size
+            joined[:] = [state["generation"]]
             return rendezvous_record.encode(state)
+
+        joined: list[str] = []  # the generation this rank wrote itself into (while it waits)
+
+        def lost_entry(generation: str) -> RendezvousError:
+            """A live rank's entry is only ever removed by that rank: gone from the record, a
+            write under the lock replaced it without having seen it."""
+            now = state.get("generation")
+            where = "no longer names" if now == generation else f"names generation {now} in place of"
+            return RendezvousError(
+                f"rank {rank}: the rendezvous file {record.path} {where} this rank's entry in generation "
+                f"{generation}, written under its lock: another rank rewrote it without seeing that write. On "
+                f"{describe_filesystem(root)} the locks do not exclude, or reads under them do not show the last "
+                f"writer's data, across the clients (nodes or mounts) the ranks use: `python -m fsdist doctor "
+                f"{root} --peer-mount DIR2` measures it; docs/filesystems.md lists settings that are safe"
+            )
 
         def formed() -> dict[str, Any] | None:
             nonlocal record
@@ -149,7 +168,7 @@ def rendezvous(
                 if isinstance(exc, CorruptRecordError) and me["fs_hazard"]:  # this mount loses locked writes
                     raise guard.corrupted(root, me["fs_hazard"], record.path, exc) from exc
                 if isinstance(exc, CorruptRecordError):
-                    raise unusable(root, exc) from exc
+                    raise guard.suspect(root, unusable(root, exc)) from exc
                 reason = str(exc)
                 record.update(lambda old: mark_refused(old, me["nonce"], reason))
                 raise
@@ -207,6 +226,11 @@ def rendezvous(
                 f"{len(state.get('members', {}))} of {world_size} ranks joined "
                 f"(ranks {sorted(int(r) for r in state.get('members', {}))})"
                 + (f"; and this rank's mount is unsafe across clients: {me['fs_hazard']}" if me["fs_hazard"] else "")
+                + (
+                    ""
+                    if me["fs_hazard"] or is_local(root)
+                    else f"; {guard.lock_hint(root, 'ranks can miss each other')}"
+                )
             ),
         )
         slot = my_slot()

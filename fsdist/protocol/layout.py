@@ -55,6 +55,7 @@ __all__ = [
     "LAUNCH_DIR",
     "LEADERS_DIR",
     "LOCAL_RUN_PREFIX",
+    "LOCK_PROBE_KEY",
     "NESTED_PREFIX",
     "RENDEZVOUS_FILE",
     "ROUNDS_FILE",
@@ -73,6 +74,7 @@ __all__ = [
     "is_generation_dir",
     "is_store_key_file",
     "key_to_filename",
+    "lock_probe_file",
     "message_name",
     "node_group_dir",
     "node_ranks_file",
@@ -142,6 +144,13 @@ def heartbeat_file(generation: str, rank: int) -> str:
 def io_probe_file(generation: str, client: int) -> str:
     return os.path.join(generation, f"io-probe.c{client}")
 
+
+def lock_probe_file(generation: str, client: int) -> str:
+    return os.path.join(generation, f"lock-probe.c{client}")
+
+
+#: the start-up lock check's store keys (job/lock_check.py): each client's steps, its verdict, the result
+LOCK_PROBE_KEY = "fsdist/lock-probe/"
 
 #: FSDIST_IO=auto's store keys (job/io_choice.py): each client's probe steps, its verdict, the choice
 IO_PROBE_KEY = "fsdist/io-probe/"

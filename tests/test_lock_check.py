@@ -1,0 +1,121 @@
+"""The start-up lock check (job/lock_check.py): a job spanning clients measures its locks.
+
+Each rank is a thread here and the store an in-memory one, as in test_direct.py's record
+choice; the locks are real. OFD locks exclude between two descriptors of one process, so
+threads standing in for two clients see what two clients with shared locks see. With the
+POSIX locks fsdist falls back to (one owner per process: a second descriptor is *not*
+excluded) they see what two clients of a mount with local-only locks see, for real.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import pytest
+
+import fsdist.files.locks as locks
+from fsdist.errors import RendezvousError
+from fsdist.files.locks import LockedRecord
+from fsdist.job.liveness import Identity
+from fsdist.job.lock_check import check_locks
+
+
+class _Store:
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+        self._changed = threading.Condition()
+
+    def set(self, key: str, value: str) -> None:
+        with self._changed:
+            self.values[key] = value.encode()
+            self._changed.notify_all()
+
+    def get(self, key: str) -> bytes:
+        with self._changed:
+            assert self._changed.wait_for(lambda: key in self.values, timeout=20), f"nobody set {key}"
+            return self.values[key]
+
+
+def _check_everywhere(directory: str, clients: list[str]) -> list[Any]:
+    """Every rank's outcome (None or the exception); rank r is on client ``clients[r]``."""
+    members = [Identity("h", 100 + r, 1, "m", client=c) for r, c in enumerate(clients)]
+    store, out = _Store(), ["unfinished"] * len(clients)
+
+    def rank(r: int) -> None:
+        try:
+            out[r] = check_locks(store, directory, members, r)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            out[r] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(clients))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return out
+
+
+def test_locks_that_exclude_and_cohere_pass_on_every_client(tmp_path) -> None:
+    assert locks.lock_kind_in_use() == "ofd"
+    assert _check_everywhere(str(tmp_path), ["a", "a", "b", "c", "c"]) == [None] * 5
+    assert os.listdir(tmp_path) == [], "a probe file was left behind"
+
+
+def test_one_client_measures_nothing(tmp_path) -> None:
+    assert _check_everywhere(str(tmp_path), ["a", "a", "a"]) == [None] * 3
+    assert os.listdir(tmp_path) == []
+
+
+def test_locks_that_do_not_exclude_across_clients_refuse_the_job_on_every_rank(tmp_path, monkeypatch) -> None:
+    monkeypatch.delenv("FSDIST_ALLOW_UNSAFE_FS", raising=False)
+    monkeypatch.setattr(locks, "_OFD_SETLK", None)  # POSIX locks: this process's descriptors never conflict
+    outcomes = _check_everywhere(str(tmp_path), ["a", "b", "b"])
+    assert all(isinstance(o, RendezvousError) for o in outcomes), outcomes
+    text = str(outcomes[2])
+    assert text == str(outcomes[0]), "every rank gives the same reason"
+    assert "refusing to start" in text and "2 clients of" in text, text
+    assert "did not exclude one through" in text and "locks are local to each client" in text, text
+    assert "fsdist doctor" in text and "FSDIST_ALLOW_UNSAFE_FS=1 starts anyway" in text, text
+
+
+def test_a_read_under_the_lock_that_shows_old_data_refuses_the_job(tmp_path, monkeypatch) -> None:
+    """A client cache that a lock does not invalidate: the record rewritten through one client
+    keeps reading as before through the other's open descriptor."""
+    monkeypatch.delenv("FSDIST_ALLOW_UNSAFE_FS", raising=False)
+    first: dict[int, bytes] = {}
+    read = LockedRecord.read
+
+    def cached(self: LockedRecord, offset: int = 0, size: int | None = None) -> bytes:
+        return first.setdefault(id(self), read(self, offset, size))
+
+    monkeypatch.setattr(LockedRecord, "read", cached)
+    outcomes = _check_everywhere(str(tmp_path), ["a", "b"])
+    assert all(isinstance(o, RendezvousError) for o in outcomes), outcomes
+    assert "still read as its old content under the lock" in str(outcomes[1]), outcomes[1]
+
+
+def test_the_override_starts_with_a_warning(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setenv("FSDIST_ALLOW_UNSAFE_FS", "1")
+    monkeypatch.setattr(locks, "_OFD_SETLK", None)
+    with caplog.at_level(logging.WARNING, logger="fsdist.job.lock_check"):
+        assert _check_everywhere(str(tmp_path), ["a", "b"]) == [None, None]
+    assert "starting anyway: FSDIST_ALLOW_UNSAFE_FS is set" in caplog.text
+
+
+@pytest.mark.parametrize("where", ["tmp", "shm"])
+def test_fsdist_locks_behave_as_measured_on_local_filesystems(tmp_path, where) -> None:
+    """fs/probes.py lock_semantics: what doctor reports per filesystem (FUSE ones in make test-fs)."""
+    from fsdist.fs.probes import lock_semantics
+
+    directory = str(tmp_path) if where == "tmp" else "/dev/shm"
+    path = os.path.join(directory, f"fsdist-test-semantics-{os.getpid()}")
+    try:
+        semantics = lock_semantics(path)
+    finally:
+        os.unlink(path)
+    assert semantics.kind == "ofd" and semantics.same_process_excludes, semantics
+    assert semantics.released_at_close and semantics.released_at_death, semantics
+    assert semantics.problems() == []
