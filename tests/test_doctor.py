@@ -33,6 +33,14 @@ def test_doctor_passes_local_disk(tmp_path) -> None:
     rc, report = _doctor(str(tmp_path), "--peer-mount", str(tmp_path))
     assert rc == 0 and report["verdict"] == OK, report
     assert _verdicts(report)["lost updates"] == OK
+    assert _verdicts(report)["lock semantics"] == OK
+    assert _detail(report, "lock semantics") == (
+        "fsdist's lock is ofd: a second descriptor of one process is excluded, released at close and at SIGKILL"
+    )
+    # the locks other tools take, measured side by side through both paths
+    assert _detail(report, "other tools' locks") == (
+        "across the two mounts: ofd, posix, flock, filelock, softfilelock lost no update (0.3 s each)"
+    )
     assert os.listdir(tmp_path) == []  # its scratch folder is gone
     # which records FSDIST_IO=auto would give a job across clients here, and why
     records = _detail(report, "records (FSDIST_IO=auto)")

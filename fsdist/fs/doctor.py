@@ -21,7 +21,7 @@ from ..errors import UntrustedPathError
 from ..files.direct import DirectRecord
 from ..files.io import remove_tree
 from ..files.trust import adopt_run_directory, make_private_dir, resolve_directory
-from . import probes
+from . import lock_kinds, probes
 from .contention import contend
 from .mounts import OK, UNSAFE, WARN, Finding, classify, find_mount
 
@@ -29,6 +29,9 @@ __all__ = ["diagnose", "render"]
 
 #: A read under the lock that lags a rewrite by more than this is not lock-coherent.
 _COHERENT_SECONDS = 0.1
+#: How long the other tools' locks are measured for at most (a filesystem whose clients write
+#: over each other can stall each increment for 30 s: MooseFS's chunk locks, measured).
+_OTHER_LOCKS_SECONDS = 10.0
 #: A new name that ``stat`` does not see for this long: a negative lookup cache is at work.
 _STAT_SLOW_SECONDS = 1.0
 
@@ -146,6 +149,8 @@ def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
     else:
         out.append(Finding("new file (listdir)", OK, f"a new file was listed after {by_list * 1e3:.1f} ms"))
 
+    out.append(_lock_semantics(a, b, across))
+    out.append(_other_locks(a, b, across))
     out.append(_records(a, b, across))
 
     held, reopened = probes.rewrite_visibility(os.path.join(a, "record"), os.path.join(b, "record"))
@@ -169,6 +174,57 @@ def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
         )
     )
     return out
+
+
+def _lock_semantics(a: str, b: str, across: bool) -> Finding:
+    """fsdist's lock measured as it is used: OFD (one per descriptor) or POSIX, released at
+    close and at SIGKILL. FUSE hands OFD locks to its daemon as plain lock requests."""
+    found = {"A": probes.lock_semantics(os.path.join(a, "semantics"))}
+    if across:
+        found["B"] = probes.lock_semantics(os.path.join(b, "semantics-b"))
+    problems = [f"{p} ({label})" if across else p for label, s in found.items() for p in s.problems()]
+    kind = found["A"].kind
+    if problems:
+        return Finding(
+            "lock semantics", UNSAFE, f"fsdist's lock ({kind}): " + "; ".join(problems),
+            "use another filesystem: a crashed rank's lock would stop the next job, or ranks would not exclude",
+            within_one_mount=True,
+        )  # fmt: skip
+    own = "a second descriptor of one process is excluded, " if kind == "ofd" else "(POSIX: per process) "
+    return Finding("lock semantics", OK, f"fsdist's lock is {kind}: {own}released at close and at SIGKILL")
+
+
+def _other_locks(a: str, b: str, across: bool) -> Finding:
+    """The locks other tools take (fs/lock_kinds.py), briefly: which of them hold here."""
+    lost: list[str] = []
+    safe: list[str] = []
+    skipped: list[str] = []
+    end = time.monotonic() + _OTHER_LOCKS_SECONDS
+    for kind in lock_kinds.KINDS:
+        if kind == "fsdist":
+            continue  # ("lost updates" above)
+        if time.monotonic() > end:
+            skipped.append(kind)
+            continue
+        folder = f"kind-{kind}"
+        make_private_dir(os.path.join(a, folder))
+        folders = [os.path.join(a, folder), _peer_scratch(b, folder)] if across else [os.path.join(a, folder)]
+        result = contend(folders, 4, 0.3, max_increments=100, kind=kind)
+        (lost if result.lost_updates else safe).append(
+            f"{kind} {result.lost_updates}/{result.increments} lost" if result.lost_updates else kind
+        )
+    where = "across the two mounts" if across else "between processes"
+    if skipped:
+        lost.append(f"{', '.join(skipped)} not measured (the filesystem stalled the others: over "
+                    f"{_OTHER_LOCKS_SECONDS:.0f} s)")  # fmt: skip
+    if lost:
+        return Finding(
+            "other tools' locks", WARN, f"{where}: {', '.join(lost)}; safe: {', '.join(safe) or 'none'} "
+            "(fsdist's own lock is judged above)",
+            "tools locking those ways (filelock: flock; SoftFileLock: a lock file) would lose updates here: "
+            "`fsdist bench locks DIR --peer-mount DIR2 --kind all` measures them longer",
+        )  # fmt: skip
+    return Finding("other tools' locks", OK, f"{where}: {', '.join(safe)} lost no update (0.3 s each)")
 
 
 def _records(a: str, b: str, across: bool) -> Finding:
