@@ -237,3 +237,23 @@ def test_only_bindfs_lock_forwarding_is_unsafe_even_within_one_mount(monkeypatch
         local = mounts.Mount("/data", fstype, "pool")
         monkeypatch.setattr(mounts, "find_mount", lambda path, local=local: local)
         assert mounts.is_local("/data/run") and classify(local)[0].verdict == OK, fstype
+
+
+def test_a_measurement_that_never_returns_is_reported_unsafe_naming_it(tmp_path, monkeypatch) -> None:
+    """A FUSE daemon that never answers (SeaweedFS -dlm: an open through a second mount) leaves
+    the caller stuck in the kernel: doctor measures in a child and reports the stall."""
+    import time
+
+    from fsdist.fs import doctor, probes
+
+    monkeypatch.setattr(probes, "rename_atomicity", lambda a, b: time.sleep(4) or (0, 0, 0))
+    start = time.monotonic()
+    with pytest.raises(doctor.DoctorStalledError) as stalled:
+        doctor.diagnose_within(str(tmp_path), None, 1.0)
+    assert time.monotonic() - start < 4, "waited for the stuck measurement"
+    assert stalled.value.step == "atomic rename"
+    assert "UNSAFE: the 'atomic rename' measurement made no progress for 1 s" in str(stalled.value)
+    assert "fsdist's ranks would hang here" in str(stalled.value)
+    os.waitpid(stalled.value.pid, 0)  # (it finishes once the sleep is over: before tmp_path goes)
+    report = doctor.diagnose_within(str(tmp_path), None, 60.0)  # and a measurement that returns: the report
+    assert report["directory"] == str(tmp_path) and report["findings"]

@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from ..fs.doctor import diagnose, render
+from ..fs.doctor import DoctorStalledError, diagnose_within, render
 from ..fs.mounts import UNSAFE
 from .paths import USAGE_ERROR, directory_problem
 
@@ -25,6 +25,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the same directory reached through another mount (another client), to test across clients",
     )
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument(
+        "--stall-timeout", type=float, default=120.0, metavar="SECONDS",
+        help="give up (UNSAFE, exit 1) when one measurement runs this long: the filesystem blocked a call "
+        "(default 120)",
+    )  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,7 +40,10 @@ def run(args: argparse.Namespace) -> int:
             print(problem, file=sys.stderr)
             return USAGE_ERROR
     try:
-        report = diagnose(args.directory, args.peer_mount)
+        report = diagnose_within(args.directory, args.peer_mount, args.stall_timeout)
+    except DoctorStalledError as exc:
+        print(f"fsdist doctor: {args.directory}: {exc}", file=sys.stderr)
+        return 1
     except (OSError, RuntimeError) as exc:
         print(f"fsdist doctor: could not check {args.directory}: {exc}", file=sys.stderr)
         return 2

@@ -10,9 +10,12 @@ Exit status 0: nothing unsafe found; 1: fsdist would be unsafe here; 2: the chec
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import select
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -25,7 +28,7 @@ from . import lock_kinds, probes
 from .contention import contend
 from .mounts import OK, UNSAFE, WARN, Finding, classify, find_mount
 
-__all__ = ["diagnose", "render"]
+__all__ = ["DoctorStalledError", "diagnose", "diagnose_within", "render"]
 
 #: A read under the lock that lags a rewrite by more than this is not lock-coherent.
 _COHERENT_SECONDS = 0.1
@@ -73,6 +76,82 @@ def diagnose(directory: str, peer: str | None = None) -> dict[str, Any]:
     }
 
 
+def _step(name: str) -> None:
+    """Say which measurement runs now (``diagnose_within`` names it if it never returns)."""
+    _on_step[0](name)
+
+
+_on_step: list[Callable[[str], None]] = [lambda name: None]
+
+
+def diagnose_within(directory: str, peer: str | None, stall_seconds: float) -> dict[str, Any]:
+    """``diagnose`` in a child process, given up when one measurement runs ``stall_seconds``.
+
+    A FUSE daemon may never answer a request (SeaweedFS ``-dlm``: an open through a second mount
+    while the first holds the file open); the caller then sits in the kernel, unkillable, until
+    the connection is aborted. Only a separate process can report that and return to the shell.
+    Raises DoctorStalledError (naming the measurement) or what ``diagnose`` raised (as RuntimeError).
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: measure, reporting each step and then the report, as JSON lines
+        try:
+            os.close(read_end)
+            _on_step[0] = lambda name: _tell(write_end, {"step": name})
+            try:
+                _tell(write_end, {"report": diagnose(directory, peer)})
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent, which decides
+                _tell(write_end, {"error": f"{type(exc).__name__}: {exc}"})
+        finally:
+            os._exit(0)  # never back into the caller's code (a forked copy of it)
+    os.close(write_end)
+    step, pending = "the start", b""
+    with os.fdopen(read_end, "rb", buffering=0) as pipe:
+        while True:
+            ready, _, _ = select.select([pipe], [], [], stall_seconds)
+            if not ready:
+                raise DoctorStalledError(step, stall_seconds, pid)
+            chunk = pipe.read(65536)
+            if not chunk:
+                os.waitpid(pid, 0)
+                raise RuntimeError("the measuring process ended without a report")
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                if "step" in message:
+                    step = message["step"]
+                elif "report" in message:
+                    os.waitpid(pid, 0)
+                    return message["report"]
+                else:
+                    os.waitpid(pid, 0)
+                    raise RuntimeError(message["error"])
+
+
+def _tell(fd: int, message: dict[str, Any]) -> None:
+    """One JSON line to the parent; nothing if it stopped listening (it gave up on a stall)."""
+    data = (json.dumps(message) + "\n").encode()
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
+        pass
+
+
+class DoctorStalledError(RuntimeError):
+    """A measurement that never returned: the filesystem blocked a call (fsdist would hang)."""
+
+    def __init__(self, step: str, seconds: float, pid: int) -> None:
+        super().__init__(
+            f"UNSAFE: the '{step}' measurement made no progress for {seconds:.0f} s: a call into the filesystem "
+            f"(an open, a lock, a read) did not return, so fsdist's ranks would hang here. Its process {pid} may "
+            "stay stuck in the kernel (on FUSE until the mount's connection is aborted: "
+            "echo 1 > /sys/fs/fuse/connections/<minor>/abort), with its .fsdist-doctor-* scratch folder"
+        )
+        self.step, self.pid = step, pid
+
+
 def _ownership(directory: str) -> Finding:
     """Whether fsdist would take ``directory`` as a run directory (files/trust.py): a folder of
     several users' (a filesystem's root, say) is fine to diagnose, but a job needs one of its own."""
@@ -106,6 +185,7 @@ def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
     out: list[Finding] = []
     local_only = "locks are local only: fsdist would corrupt data here"
 
+    _step("lock exclusion")
     excluded = probes.lock_exclusion(os.path.join(a, "lock"), os.path.join(b, "lock"))
     out.append(
         Finding("lock exclusion", OK, f"an exclusive lock excluded a second lock {where}")
@@ -115,6 +195,7 @@ def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
         )
     )
 
+    _step("lost updates")
     result = contend([a, b], 4, 1.0, max_increments=500)
     text = f"{result.lost_updates} of {result.increments} lock-guarded increments lost (4 processes)"
     out.append(
@@ -123,12 +204,14 @@ def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
         else Finding("lost updates", UNSAFE, f"{text}: fsdist would corrupt data here", fix)
     )
 
+    _step("atomic rename")
     reads, torn, stale = probes.rename_atomicity(a, b)
     text = f"{reads} reads during renames, {torn} torn or missing, {stale} ESTALE (fsdist retries ESTALE)"
     out.append(
         Finding("atomic rename", OK if torn == 0 else UNSAFE, text, "" if torn == 0 else "use another filesystem")
     )
 
+    _step("new file")
     by_stat, by_list = probes.new_file_visibility(a, b)
     if by_stat is None or by_stat > _STAT_SLOW_SECONDS:
         seen = "not within 3 s" if by_stat is None else f"after {by_stat:.2f} s"
@@ -149,9 +232,13 @@ def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
     else:
         out.append(Finding("new file (listdir)", OK, f"a new file was listed after {by_list * 1e3:.1f} ms"))
 
+    _step("lock semantics")
     out.append(_lock_semantics(a, b, across))
+    _step("other tools' locks")
     out.append(_other_locks(a, b, across))
+    _step("records")
     out.append(_records(a, b, across))
+    _step("rewrite under lock")
 
     held, reopened = probes.rewrite_visibility(os.path.join(a, "record"), os.path.join(b, "record"))
     if held is None or held > _COHERENT_SECONDS:

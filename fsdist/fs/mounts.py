@@ -200,7 +200,8 @@ def fuse_daemon(mount_point: str) -> list[str] | None:
                 argv = [a.decode(errors="replace") for a in cmdline.read().split(b"\0") if a]
         except OSError:
             continue
-        if argv and any(os.path.realpath(a) == mount_point for a in argv[1:] if a.startswith("/")):
+        paths = (a.split("=", 1)[1] if a.startswith("-") and "=" in a else a for a in argv[1:])  # -dir=/mnt
+        if argv and any(os.path.realpath(p) == mount_point for p in paths if p.startswith("/")):
             return argv
     return None
 
@@ -332,6 +333,29 @@ def classify(mount: Mount) -> list[Finding]:
                     UNSAFE,
                     f"{daemon} (FUSE) does not forward locks: they are local to this mount",
                     "use a filesystem with shared locks (NFS, Lustre, GPFS, GlusterFS)",
+                )
+            ]
+        if base == "seaweedfs":
+            if "-dlm" in argv or "--dlm" in argv:
+                return [
+                    Finding(
+                        "locking",
+                        UNSAFE,
+                        "SeaweedFS mounted with -dlm lets one mount at a time hold a file open for writing: an "
+                        "open through another mount waits in the kernel until the first one closes (measured, "
+                        "4.48: a doctor stuck in open() for 11 minutes, unkillable until its FUSE connection was "
+                        "aborted); fsdist's ranks keep their records open, so a job across mounts would hang",
+                        "run the job's ranks through one SeaweedFS mount (one machine), or keep the run directory "
+                        "on NFS",
+                    )
+                ]
+            return [
+                Finding(
+                    "locking",
+                    UNSAFE,
+                    "SeaweedFS's weed mount keeps fcntl and flock locks inside one mount unless started with -dlm "
+                    "(and -dlm makes a job across mounts hang in open(): docs/filesystems.md)",
+                    "run the job's ranks through one SeaweedFS mount (one machine), or keep the run directory on NFS",
                 )
             ]
         if base == "juicefs":

@@ -243,34 +243,45 @@ def lock_semantics(path: str, wait: float = 3.0) -> LockSemantics:
                 unlock(fd)
         finally:
             os.close(fd)
-    ctx = _ctx()
-    ready = ctx.Queue()
-    # closed: a child takes the lock through its own descriptor and closes it, staying alive
-    holder = ctx.Process(target=_hold, args=(path, ready, True))
-    holder.start()
-    try:
-        ready.get(timeout=10)
-        released_at_close = _eventually_taken(path, wait)
-    finally:
-        holder.kill()
-        holder.join()
-    holder = ctx.Process(target=_hold, args=(path, ready, False))
-    holder.start()
-    ready.get(timeout=10)
-    holder.kill()
-    holder.join()
-    released_at_death = _eventually_taken(path, wait)
+    released_at_close = _released(path, wait, close=True)
+    released_at_death = _released(path, wait, close=False)
     return LockSemantics(kind, same_process_excludes, released_at_close, released_at_death)
 
 
-def _hold(path: str, ready: Any, close: bool) -> None:
-    """Take fsdist's lock on ``path``; close the descriptor if asked; then stay alive (the
-    parent kills this process)."""
-    record = LockedRecord(path, create=False)
-    lock(record.fileno(), EXCLUSIVE, path)
-    if close:
-        record.close()
-    ready.put(True)
+def _released(path: str, wait: float, close: bool) -> bool:
+    """Can this process take the lock a child took, once the child closed its descriptor (still
+    alive) or was killed with SIGKILL? Each child reports through a pipe of its own: a queue
+    shared with a process killed mid-put stays locked for the next one."""
+    ctx = _ctx()
+    ready, report = ctx.Pipe(duplex=False)
+    holder = ctx.Process(target=_hold, args=(path, report, close), daemon=True)
+    holder.start()
+    report.close()
+    try:
+        if not ready.poll(10) or not ready.recv():
+            raise RuntimeError(f"a process could not take the lock on {path}")
+        if not close:
+            holder.kill()
+            holder.join()
+        return _eventually_taken(path, wait)
+    finally:
+        ready.close()
+        holder.kill()
+        holder.join()
+
+
+def _hold(path: str, report: Any, close: bool) -> None:
+    """Take fsdist's lock on ``path``; close the descriptor if asked; say so (True, or False if
+    it failed); then stay alive until killed."""
+    try:
+        record = LockedRecord(path, create=False)
+        lock(record.fileno(), EXCLUSIVE, path)
+        if close:
+            record.close()
+        report.send(True)
+    except Exception:  # noqa: BLE001 - the parent raises
+        report.send(False)
+        return
     time.sleep(60)
 
 
