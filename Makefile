@@ -1,5 +1,5 @@
 # Everyday commands. `make demo` and `make test` are the README's two commands.
-.PHONY: demo test test-scale test-fuzz test-restarts test-torch test-frameworks test-gluster test-nfs lint examples docs bench clean
+.PHONY: demo test test-scale test-fuzz test-restarts test-torch test-frameworks test-gluster test-fs test-nfs lint examples docs bench clean
 
 demo:
 	scripts/demo.sh
@@ -36,6 +36,12 @@ test-frameworks:
 # GlusterFS from scratch, ranks split across two mounts (root; ~2 min). Also part of `make test`.
 test-gluster:
 	FSDIST_REQUIRE_GLUSTER=1 scripts/test.sh test_gluster.py
+
+# MooseFS, JuiceFS, SeaweedFS from packages, ranks split across two mounts, each setting safe
+# or refused (root; docs/filesystems.md has the table and each one's run time). FS=a,b for several.
+FS ?= moosefs
+test-fs:
+	FSDIST_FS=$(FS) scripts/test.sh test_filesystems.py -rP
 
 # Kernel NFS v3 and v4.2 in a QEMU VM (root; ~25 minutes of software emulation); result in
 # /var/tmp/fsdist-nfs-vm/result.txt. Needs the .venv of `make test` (the VM runs it over 9p).

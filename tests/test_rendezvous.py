@@ -125,3 +125,38 @@ def test_dead_holder_of_a_slot_in_a_forming_generation_is_replaced_whatever_the_
     for t in threads:
         t.join()
     assert isinstance(results[0], str) and results[0] == results[1], results
+
+
+def test_an_entry_a_write_under_the_lock_replaced_unseen_is_reported_as_the_locks_fault(tmp_path) -> None:
+    """Only a live rank removes its own entry. A rendezvous file rewritten without it in the same
+    generation, as a second client does whose lock did not exclude this one's and whose cache
+    showed it an older file, fails the waiting rank at once, naming the locks and doctor."""
+    import threading
+    import time
+
+    outcome: list[object] = []
+
+    def join() -> None:
+        try:
+            rendezvous(str(tmp_path), 0, 2, timedelta(seconds=20))
+            outcome.append("joined")
+        except RendezvousError as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=join)
+    waiter.start()
+    path = tmp_path / RENDEZVOUS_FILE
+    end = time.monotonic() + 10
+    while not (path.exists() and path.stat().st_size):
+        assert time.monotonic() < end, "rank 0 never wrote itself into the rendezvous file"
+        time.sleep(0.01)
+    with rendezvous_record.locked(str(tmp_path)) as record:
+        state = rendezvous_record.parse(record.read())
+        assert list(state["members"]) == ["0"]
+        other = {"host": "node-b", "pid": 4242, "start_time": 1, "nonce": "b" * 16, "client": "other"}
+        record.update(lambda old: rendezvous_record.encode({**state, "members": {"1": other}}))
+    waiter.join(20)
+    assert len(outcome) == 1 and isinstance(outcome[0], RendezvousError), outcome
+    text = str(outcome[0])
+    assert f"no longer names this rank's entry in generation {state['generation']}" in text, text
+    assert "the locks do not exclude" in text and "fsdist doctor" in text, text

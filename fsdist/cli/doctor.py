@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from ..fs.doctor import DoctorStalledError, diagnose_within, render
-from ..fs.mounts import UNSAFE
+from ..fs.mounts import OK, UNSAFE, classify, find_mount
 from .paths import USAGE_ERROR, directory_problem
 
 __all__ = ["add_arguments", "run"]
@@ -43,6 +44,14 @@ def run(args: argparse.Namespace) -> int:
         report = diagnose_within(args.directory, args.peer_mount, args.stall_timeout)
     except DoctorStalledError as exc:
         print(f"fsdist doctor: {args.directory}: {exc}", file=sys.stderr)
+        for path in filter(None, (args.directory, args.peer_mount)):  # what the mount says, which may explain it
+            mount = find_mount(os.path.realpath(path))
+            for finding in classify(mount):
+                if finding.verdict != OK:
+                    print(
+                        f"  [{finding.verdict:^6}] {finding.name} ({mount.mount_point}): {finding.detail}",
+                        file=sys.stderr,
+                    )
         return 1
     except (OSError, RuntimeError) as exc:
         print(f"fsdist doctor: could not check {args.directory}: {exc}", file=sys.stderr)

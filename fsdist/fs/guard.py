@@ -72,8 +72,8 @@ _warned: set[str] = set()
 
 def _error(root: str, hazard: str, why: str) -> RendezvousError:
     return RendezvousError(
-        f"refusing to start: {why}, but {hazard}. Ranks on different clients would not exclude each "
-        f"other's locks and would corrupt the job's files. Fix the mount (python -m fsdist doctor {root} "
+        f"refusing to start: {why}, but {hazard}. Ranks on different clients would corrupt the job's files "
+        f"(or hang, where so said). Fix the mount (python -m fsdist doctor {root} "
         f"--peer-mount ... shows what it does), or set {ENV_ALLOW_UNSAFE_FS}=1 to start anyway"
     )
 

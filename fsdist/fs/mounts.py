@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..defaults import ENV_ALLOW_UNSAFE_FS
+
 __all__ = [
     "LOCAL_FILESYSTEMS",
     "Finding",
@@ -343,10 +345,13 @@ def classify(mount: Mount) -> list[Finding]:
                         UNSAFE,
                         "SeaweedFS mounted with -dlm lets one mount at a time hold a file open for writing: an "
                         "open through another mount waits in the kernel until the first one closes (measured, "
-                        "4.48: a doctor stuck in open() for 11 minutes, unkillable until its FUSE connection was "
-                        "aborted); fsdist's ranks keep their records open, so a job across mounts would hang",
-                        "run the job's ranks through one SeaweedFS mount (one machine), or keep the run directory "
-                        "on NFS",
+                        "4.48: doctor and a 4-rank job stuck in open() for 10 minutes, unkillable until the FUSE "
+                        "connections were aborted); fsdist's ranks keep their records open, so ranks through two "
+                        "mounts hang before fsdist could say why, and a job of several ranks is refused even "
+                        "through one mount",
+                        "keep the run directory on NFS, or mount without -dlm and run every rank through one "
+                        f"mount with {ENV_ALLOW_UNSAFE_FS}=1",
+                        within_one_mount=True,
                     )
                 ]
             return [
