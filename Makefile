@@ -41,7 +41,7 @@ test-gluster:
 # or refused (root; docs/filesystems.md has the table and each one's run time). FS=a,b for several.
 FS ?= moosefs
 test-fs:
-	FSDIST_FS=$(FS) scripts/test.sh test_filesystems.py -rP
+	FSDIST_FS=$(FS) scripts/test.sh test_filesystems.py -s
 
 # Kernel NFS v3 and v4.2 in a QEMU VM (root; ~25 minutes of software emulation); result in
 # /var/tmp/fsdist-nfs-vm/result.txt. Needs the .venv of `make test` (the VM runs it over 9p).

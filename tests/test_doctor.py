@@ -254,6 +254,8 @@ def test_a_measurement_that_never_returns_is_reported_unsafe_naming_it(tmp_path,
     assert stalled.value.step == "atomic rename"
     assert "UNSAFE: the 'atomic rename' measurement made no progress for 1 s" in str(stalled.value)
     assert "fsdist's ranks would hang here" in str(stalled.value)
+    # the stuck child holds none of the caller's output: `doctor | tee` and subprocess pipes end
+    assert [os.readlink(f"/proc/{stalled.value.pid}/fd/{fd}") for fd in (1, 2)] == [os.devnull] * 2
     os.waitpid(stalled.value.pid, 0)  # (it finishes once the sleep is over: before tmp_path goes)
     report = doctor.diagnose_within(str(tmp_path), None, 60.0)  # and a measurement that returns: the report
     assert report["directory"] == str(tmp_path) and report["findings"]

@@ -115,7 +115,8 @@ def test_fsdist_locks_behave_as_measured_on_local_filesystems(tmp_path, where) -
     try:
         semantics = lock_semantics(path)
     finally:
-        os.unlink(path)
+        for leftover in (path, f"{path}.close", f"{path}.death"):
+            os.unlink(leftover)
     assert semantics.kind == "ofd" and semantics.same_process_excludes, semantics
     assert semantics.released_at_close and semantics.released_at_death, semantics
     assert semantics.problems() == []

@@ -97,6 +97,10 @@ def diagnose_within(directory: str, peer: str | None, stall_seconds: float) -> d
     if pid == 0:  # the child: measure, reporting each step and then the report, as JSON lines
         try:
             os.close(read_end)
+            # nor may it hold the caller's output open: a pipe reading doctor's would never end
+            devnull = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(devnull, fd)
             _on_step[0] = lambda name: _tell(write_end, {"step": name})
             try:
                 _tell(write_end, {"report": diagnose(directory, peer)})

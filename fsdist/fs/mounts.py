@@ -359,8 +359,12 @@ def classify(mount: Mount) -> list[Finding]:
                     "locking",
                     UNSAFE,
                     "SeaweedFS's weed mount keeps fcntl and flock locks inside one mount unless started with -dlm "
-                    "(and -dlm makes a job across mounts hang in open(): docs/filesystems.md)",
-                    "run the job's ranks through one SeaweedFS mount (one machine), or keep the run directory on NFS",
+                    "(and -dlm makes a job across mounts hang in open()), and a lock of a SIGKILLed process "
+                    "outlived it (measured, 4.48): the next job in the directory would wait on it, so a job of "
+                    "several ranks is refused even through one mount",
+                    f"keep the run directory on NFS, or set {ENV_ALLOW_UNSAFE_FS}=1 for a job whose ranks all use "
+                    "one mount (and clean up after a crash)",
+                    within_one_mount=True,
                 )
             ]
         if base == "juicefs":

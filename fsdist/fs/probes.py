@@ -243,8 +243,9 @@ def lock_semantics(path: str, wait: float = 3.0) -> LockSemantics:
                 unlock(fd)
         finally:
             os.close(fd)
-    released_at_close = _released(path, wait, close=True)
-    released_at_death = _released(path, wait, close=False)
+    # a file each: a lock left behind by one measurement must not decide the next
+    released_at_close = _released(f"{path}.close", wait, close=True)
+    released_at_death = _released(f"{path}.death", wait, close=False)
     return LockSemantics(kind, same_process_excludes, released_at_close, released_at_death)
 
 
@@ -252,6 +253,7 @@ def _released(path: str, wait: float, close: bool) -> bool:
     """Can this process take the lock a child took, once the child closed its descriptor (still
     alive) or was killed with SIGKILL? Each child reports through a pipe of its own: a queue
     shared with a process killed mid-put stays locked for the next one."""
+    LockedRecord(path).close()
     ctx = _ctx()
     ready, report = ctx.Pipe(duplex=False)
     holder = ctx.Process(target=_hold, args=(path, report, close), daemon=True)

@@ -23,8 +23,9 @@ holder=$!
 echo $holder >>"$state/pids"
 inside=(nsenter --net=/proc/$holder/ns/net)
 for _ in $(seq 50); do "${inside[@]}" ip -br link show lo 2>/dev/null | grep -q UP && break; sleep 0.1; done
-mkdir -p "$state/data" "$state/cache"
-chmod 700 "$state/data" "$state/cache"
+mkdir -p "$state/data" "$state/cache" "$state/logs"
+chmod 700 "$state/data" "$state/cache" "$state/logs"
+export TMPDIR="$state/logs"  # weed's own logs go to TMPDIR: not into the caller's
 "${inside[@]}" "$bin/weed" server -dir="$state/data" -ip=127.0.0.1 -ip.bind=127.0.0.1 -filer \
   -volume.max=10 -master.volumeSizeLimitMB=64 >"$state/server.log" 2>&1 &
 echo $! >>"$state/pids"
@@ -49,6 +50,6 @@ for setting in dlm local-only; do
     done
   done
 done
-printf 'dlm unsafe\nlocal-only local-only\n' >"$state/settings"
+printf 'dlm hangs\nlocal-only local-only\n' >"$state/settings"
 trap - ERR
 echo "seaweedfs-up: SeaweedFS $("$bin/weed" version | awk '{print $3}') up in $state (dlm/, local-only/)"
