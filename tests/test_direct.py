@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import torch
+from memory_store import MemoryStore, every_rank_as_a_thread
 
 import fsdist.files.direct as direct
 from fsdist.errors import FsdistError, ProtocolError
@@ -237,45 +238,12 @@ def test_a_slot_that_arrives_after_its_header_is_waited_for_not_taken_for_a_desy
 # ---- FSDIST_IO=auto: the job measures whether direct records hold across its clients -------------
 
 
-class _Store:
-    """The job's store as the choice uses it, shared by threads: ``get`` waits for the key."""
-
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-        self._changed = threading.Condition()
-
-    def set(self, key: str, value: str) -> None:
-        with self._changed:
-            self.values[key] = value.encode()
-            self._changed.notify_all()
-
-    def get(self, key: str) -> bytes:
-        with self._changed:
-            assert self._changed.wait_for(lambda: key in self.values, timeout=20), f"nobody set {key}"
-            return self.values[key]
-
-
 def _choose_everywhere(directory: str, clients: list[str]) -> list[Any]:
     """Every rank's Choice (or exception), each rank a thread; rank r reaches the directory
     through client ``clients[r]``."""
     from fsdist.job.io_choice import choose_records
-    from fsdist.job.liveness import Identity
 
-    members = [Identity("h", 100 + r, 1, "m", client=c) for r, c in enumerate(clients)]
-    store, out = _Store(), [None] * len(clients)
-
-    def rank(r: int) -> None:
-        try:
-            out[r] = choose_records(store, directory, members, r)
-        except Exception as exc:  # noqa: BLE001 - the test looks at it
-            out[r] = exc
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(clients))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
+    return every_rank_as_a_thread(choose_records, directory, clients)
 
 
 def test_auto_chooses_direct_records_where_a_direct_write_is_read_at_once_on_another_client(shm, monkeypatch):
@@ -319,7 +287,7 @@ def test_forced_records_are_not_measured_and_must_be_set_alike(shm, monkeypatch)
     from fsdist.job.io_choice import choose_records
     from fsdist.job.liveness import Identity
 
-    store = _Store()
+    store = MemoryStore()
     store.set("fsdist/io-probe/setting", "auto")  # rank 0's
     with pytest.raises(ValueError, match="FSDIST_IO=direct here, auto on rank 0: set FSDIST_IO alike"):
         choose_records(store, shm, [Identity("h", 1, 1, client="a"), Identity("h", 2, 1, client="b")], 1)

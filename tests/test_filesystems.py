@@ -31,11 +31,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from two_mounts import kill_one_and_start_the_next, no_failures, split_pool
+from two_mounts import CASES, kill_one_and_start_the_next, no_failures, split_pool
 
 from harness import RankError
-from in_rank import collectives as cases_collectives
-from in_rank import p2p as cases_p2p
 from in_rank import training as cases_training
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "fs")
@@ -43,18 +41,6 @@ WANTED = [f.strip() for f in os.environ.get("FSDIST_FS", "").split(",") if f.str
 KNOWN = ("moosefs", "juicefs", "seaweedfs")
 
 pytestmark = pytest.mark.skipif(not WANTED, reason="set FSDIST_FS (make test-fs FS=moosefs|juicefs|seaweedfs)")
-
-CASES = [
-    (cases_collectives.all_reduce, ("SUM", "float32")),
-    (cases_collectives.all_reduce, ("MAX", "int64")),
-    (cases_collectives.reduce_scatter, ("SUM", "float32")),
-    (cases_collectives.broadcast, ("float32",)),
-    (cases_collectives.all_gather, ("bfloat16",)),
-    (cases_collectives.all_to_all, ("int32",)),
-    (cases_collectives.barrier_and_ordering, ()),
-    (cases_p2p.tags_and_order, ()),
-    (cases_p2p.any_source, ()),
-]
 
 
 def _up(fs: str) -> Iterator[tuple[str, dict[str, str]]]:

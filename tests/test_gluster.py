@@ -25,11 +25,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from two_mounts import kill_one_and_start_the_next, no_failures
+from two_mounts import CASES, kill_one_and_start_the_next, no_failures
 
 from harness import RankError, RankPool
 from in_rank import collectives as cases_collectives
-from in_rank import p2p as cases_p2p
 from in_rank import tiers as cases_tiers
 from in_rank import training as cases_training
 
@@ -74,18 +73,7 @@ def strict_pool(gluster: str) -> Iterator[RankPool]:
 
 @pytest.mark.parametrize(
     ("case", "args"),
-    [
-        (cases_collectives.all_reduce, ("SUM", "float32")),
-        (cases_collectives.all_reduce, ("MAX", "int64")),
-        (cases_collectives.reduce_scatter, ("SUM", "float32")),
-        (cases_collectives.broadcast, ("float32",)),
-        (cases_collectives.all_gather, ("bfloat16",)),
-        (cases_collectives.all_to_all, ("int32",)),
-        (cases_collectives.barrier_and_ordering, ()),
-        (cases_p2p.tags_and_order, ()),
-        (cases_p2p.any_source, ()),
-        (cases_p2p.batch_exchange, ()),
-    ],
+    CASES,
     ids=lambda v: v.__name__ if callable(v) else "-".join(v),
 )
 def test_strict_gluster_two_mounts(strict_pool: RankPool, case, args) -> None:

@@ -11,51 +11,20 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import Any
 
 import pytest
+from memory_store import every_rank_as_a_thread
 
 import fsdist.files.locks as locks
 from fsdist.errors import RendezvousError
 from fsdist.files.locks import LockedRecord
-from fsdist.job.liveness import Identity
 from fsdist.job.lock_check import check_locks
-
-
-class _Store:
-    def __init__(self) -> None:
-        self.values: dict[str, bytes] = {}
-        self._changed = threading.Condition()
-
-    def set(self, key: str, value: str) -> None:
-        with self._changed:
-            self.values[key] = value.encode()
-            self._changed.notify_all()
-
-    def get(self, key: str) -> bytes:
-        with self._changed:
-            assert self._changed.wait_for(lambda: key in self.values, timeout=20), f"nobody set {key}"
-            return self.values[key]
 
 
 def _check_everywhere(directory: str, clients: list[str]) -> list[Any]:
     """Every rank's outcome (None or the exception); rank r is on client ``clients[r]``."""
-    members = [Identity("h", 100 + r, 1, "m", client=c) for r, c in enumerate(clients)]
-    store, out = _Store(), ["unfinished"] * len(clients)
-
-    def rank(r: int) -> None:
-        try:
-            out[r] = check_locks(store, directory, members, r)
-        except Exception as exc:  # noqa: BLE001 - the test looks at it
-            out[r] = exc
-
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(len(clients))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-    return out
+    return every_rank_as_a_thread(check_locks, directory, clients)
 
 
 def test_locks_that_exclude_and_cohere_pass_on_every_client(tmp_path) -> None:

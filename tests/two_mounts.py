@@ -9,7 +9,22 @@ import time
 
 from harness import RankPool
 from in_rank import collectives as cases_collectives
+from in_rank import p2p as cases_p2p
 from in_rank import reliability as cases_reliability
+
+#: the collective and p2p cases run across the two mounts
+CASES = [
+    (cases_collectives.all_reduce, ("SUM", "float32")),
+    (cases_collectives.all_reduce, ("MAX", "int64")),
+    (cases_collectives.reduce_scatter, ("SUM", "float32")),
+    (cases_collectives.broadcast, ("float32",)),
+    (cases_collectives.all_gather, ("bfloat16",)),
+    (cases_collectives.all_to_all, ("int32",)),
+    (cases_collectives.barrier_and_ordering, ()),
+    (cases_p2p.tags_and_order, ()),
+    (cases_p2p.any_source, ()),
+    (cases_p2p.batch_exchange, ()),
+]
 
 
 def split_pool(a: str, b: str, **kwargs: object) -> RankPool:
