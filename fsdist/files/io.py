@@ -190,3 +190,12 @@ def remove_tree(path: str) -> None:
     if os.path.exists(path):  # a straggling NFS silly-rename (.nfsXXXX) file; try once more
         time.sleep(0.05)
         shutil.rmtree(path, ignore_errors=True)
+
+
+def detach_standard_streams() -> None:
+    """Point this process's stdin, stdout and stderr at /dev/null: a child that may outlive its
+    caller (stuck in a filesystem call) must not hold the caller's pipes open."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)

@@ -22,7 +22,7 @@ from typing import Any
 from ..defaults import ENV_IO
 from ..errors import UntrustedPathError
 from ..files.direct import DirectRecord
-from ..files.io import remove_tree
+from ..files.io import detach_standard_streams, remove_tree
 from ..files.trust import adopt_run_directory, make_private_dir, resolve_directory
 from . import lock_kinds, probes
 from .contention import contend
@@ -97,10 +97,7 @@ def diagnose_within(directory: str, peer: str | None, stall_seconds: float) -> d
     if pid == 0:  # the child: measure, reporting each step and then the report, as JSON lines
         try:
             os.close(read_end)
-            # nor may it hold the caller's output open: a pipe reading doctor's would never end
-            devnull = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):
-                os.dup2(devnull, fd)
+            detach_standard_streams()  # a pipe reading doctor's output must end when doctor does
             _on_step[0] = lambda name: _tell(write_end, {"step": name})
             try:
                 _tell(write_end, {"report": diagnose(directory, peer)})
