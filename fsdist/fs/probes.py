@@ -235,7 +235,7 @@ def lock_semantics(path: str, wait: float = 3.0) -> LockSemantics:
     filesystem: same-process exclusion, release at close, release at process death. A release
     is looked for for ``wait`` seconds (a FUSE daemon may hand it on late)."""
     with LockedRecord(path) as first, first.held():
-        kind = "ofd" if lock_kind_in_use() == "ofd" else "posix"
+        kind = lock_kind_in_use()
         fd = open_file(path, os.O_RDWR)
         try:
             same_process_excludes = not try_lock(fd)
