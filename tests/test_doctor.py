@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from fsdist.fs.mounts import OK, UNSAFE, WARN, classify, find_mount
+from fsdist.fs.hazards import classify
+from fsdist.fs.mounts import OK, UNSAFE, WARN, find_mount
 
 
 def _doctor(*args: str) -> tuple[int, dict]:
@@ -225,14 +226,14 @@ def test_bindfs_with_lock_forwarding_is_refused_even_on_one_mount(tmp_path) -> N
 def test_only_bindfs_lock_forwarding_is_unsafe_even_within_one_mount(monkeypatch, forwarding: bool) -> None:
     """local_hazard (refuse a multi-rank job even on one machine) comes from the finding's own
     flag, and the same local-filesystem set decides both is_local and the verdict."""
-    from fsdist.fs import mounts
+    from fsdist.fs import fuse_kinds, hazards, mounts
 
     fuse = mounts.Mount("/mnt/b", "fuse", "src", {"rw": ""})
     argv = ["bindfs", "--multithreaded", *(["--enable-lock-forwarding"] if forwarding else []), "/src", "/mnt/b"]
-    monkeypatch.setattr(mounts, "find_mount", lambda path: fuse)
-    monkeypatch.setattr(mounts, "fuse_daemon", lambda point: argv)
-    assert (mounts.local_hazard("/mnt/b/run") is not None) == forwarding
-    assert mounts.cross_client_hazard("/mnt/b/run") is not None  # unsafe across clients either way
+    monkeypatch.setattr(hazards, "find_mount", lambda path: fuse)
+    monkeypatch.setattr(fuse_kinds, "fuse_daemon", lambda point: argv)
+    assert (hazards.local_hazard("/mnt/b/run") is not None) == forwarding
+    assert hazards.cross_client_hazard("/mnt/b/run") is not None  # unsafe across clients either way
     for fstype in ("zfs", "bcachefs", "ext4", "tmpfs"):
         local = mounts.Mount("/data", fstype, "pool")
         monkeypatch.setattr(mounts, "find_mount", lambda path, local=local: local)

@@ -12,7 +12,8 @@ import os
 import sys
 
 from ..fs.doctor import DoctorStalledError, diagnose_within, render
-from ..fs.mounts import OK, UNSAFE, classify, find_mount
+from ..fs.hazards import classify
+from ..fs.mounts import OK, UNSAFE, find_mount
 from .paths import USAGE_ERROR, directory_problem
 
 __all__ = ["add_arguments", "run"]

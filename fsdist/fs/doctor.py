@@ -26,7 +26,8 @@ from ..files.io import detach_standard_streams, remove_tree
 from ..files.trust import adopt_run_directory, make_private_dir, resolve_directory
 from . import lock_kinds, probes
 from .contention import contend
-from .mounts import OK, UNSAFE, WARN, Finding, classify, find_mount
+from .hazards import classify
+from .mounts import OK, UNSAFE, WARN, Finding, find_mount
 
 __all__ = ["DoctorStalledError", "diagnose", "diagnose_within", "render"]
 

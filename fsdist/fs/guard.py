@@ -18,7 +18,8 @@ from typing import Any
 
 from ..defaults import ENV_ALLOW_UNSAFE_FS, ENV_SECRET_FILE
 from ..errors import RendezvousError
-from .mounts import client_key, cross_client_hazard, describe_filesystem, find_mount, is_local, local_hazard
+from .hazards import cross_client_hazard, local_hazard
+from .mounts import client_key, describe_filesystem, find_mount, is_local
 
 log = logging.getLogger(__name__)
 
