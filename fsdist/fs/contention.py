@@ -32,7 +32,11 @@ from . import lock_kinds
 
 __all__ = ["Contention", "contend", "measure"]
 
-_HEADER = struct.Struct("<q")
+_HEADER = struct.Struct("<qd")  # increments made, seconds spent making them
+_START = struct.Struct("<d")  # the monotonic time every process starts counting at
+_READY = b"ready"  # a process opened its counter
+_LONGEST_SECONDS = 10.0  # how much longer than asked a count may run to reach its least increments
+_READY_SECONDS = 60.0  # how long opening the counter may take (a FUSE mount's first open: seconds)
 
 
 @dataclass
@@ -84,16 +88,24 @@ def measure(
 
 
 def contend(
-    folders: list[str], procs: int, seconds: float, max_increments: int | None = None, kind: str = "fsdist"
+    folders: list[str],
+    procs: int,
+    seconds: float,
+    max_increments: int | None = None,
+    kind: str = "fsdist",
+    min_increments: int = 0,
 ) -> Contention:
     """``procs`` processes increment the counter of ``kind`` in ``folders`` (one folder, process i
-    through ``folders[i % len(folders)]``) for ``seconds``, or until each made ``max_increments``."""
+    through ``folders[i % len(folders)]``) for ``seconds``, or until each made ``max_increments``;
+    past ``seconds`` (up to _LONGEST_SECONDS more) until each made ``min_increments``: doctor's
+    verdict needs enough of them, and the first seconds on a fresh mount can be slow (MooseFS:
+    5 increments in doctor's 1 s once, ~450 a second after)."""
     if procs < 1 or seconds <= 0:
         raise ValueError("lock contention needs at least one process and a positive duration")
     if kind not in lock_kinds.KINDS:
         raise ValueError(f"lock kind {kind!r}: one of {', '.join(lock_kinds.KINDS)}")
     lock_kinds.prepare(kind, folders[0])  # before anyone races to
-    counts, latencies = _run(folders, procs, seconds, max_increments, kind)
+    counts, spent, latencies = _run(folders, procs, seconds, (min_increments, max_increments), kind)
     final = lock_kinds.read_value(kind, folders[0])
     total = sum(counts)
     most = max(counts, default=0)
@@ -104,7 +116,7 @@ def contend(
         increments=total,
         final_value=final,
         lost_updates=total - final,
-        acquisitions_per_s=total / seconds,
+        acquisitions_per_s=total / max(spent, default=seconds),
         p50_us=float(p50),
         p99_us=float(p99),
         max_us=float(top),
@@ -116,27 +128,41 @@ def contend(
     )
 
 
-def _run(folders: list[str], procs: int, seconds: float, most: int | None, kind: str) -> tuple[list[int], list[float]]:
+def _run(
+    folders: list[str], procs: int, seconds: float, bounds: tuple[int, int | None], kind: str
+) -> tuple[list[int], list[float], list[float]]:
+    """Each process's increments, its seconds spent on them, and every increment's latency."""
     # fork where there is one: no new interpreter, no re-import (spawn costs ~1 s per process)
     ctx: Any = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    start_at = time.monotonic() + 0.2 + 0.02 * procs  # every process starts counting together
     workers, conns = [], []
     for index in range(procs):
-        parent, child = ctx.Pipe(duplex=False)
+        parent, child = ctx.Pipe()
         folder = folders[index % len(folders)]
-        proc = ctx.Process(target=_worker, args=(kind, folder, start_at, seconds, most, child), daemon=True)
+        proc = ctx.Process(target=_worker, args=(kind, folder, seconds, bounds, child), daemon=True)
         proc.start()
         child.close()
         workers.append(proc)
         conns.append(parent)
     counts: list[int] = []
+    spent: list[float] = []
     latencies: list[float] = []
     try:
+        # every process starts counting together, once all have opened the counter: a fixed head
+        # start was too short on MooseFS, whose first open through a second mount took ~3 s, and
+        # the processes then counted 5 increments in all where they make ~800 a second
         for conn, proc in zip(conns, workers, strict=True):
-            if not conn.poll(seconds + 60):
+            if not conn.poll(_READY_SECONDS) or _receive(conn, proc) != _READY:
+                raise RuntimeError(f"lock benchmark process {proc.pid} did not open its counter in {_READY_SECONDS} s")
+        start_at = time.monotonic() + 0.01  # (one clock for every process of this machine)
+        for conn in conns:
+            conn.send_bytes(_START.pack(start_at))
+        for conn, proc in zip(conns, workers, strict=True):
+            if not conn.poll(seconds + _LONGEST_SECONDS + 60):
                 raise RuntimeError(f"lock benchmark process {proc.pid} did not report")
-            raw = conn.recv_bytes()
-            counts.append(_HEADER.unpack_from(raw)[0])
+            raw = _receive(conn, proc)
+            done, took = _HEADER.unpack_from(raw)
+            counts.append(done)
+            spent.append(took)
             samples = array("d")
             samples.frombytes(raw[_HEADER.size :])
             latencies.extend(samples)
@@ -146,16 +172,30 @@ def _run(folders: list[str], procs: int, seconds: float, most: int | None, kind:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-    return counts, latencies
+    return counts, spent, latencies
 
 
-def _worker(kind: str, folder: str, start_at: float, seconds: float, most: int | None, conn: Connection) -> None:
+def _receive(conn: Connection, proc: Any) -> bytes:
+    """The next message from a worker, or an error saying that it died (its traceback is above)."""
+    try:
+        return conn.recv_bytes()
+    except EOFError:
+        proc.join(5)
+        raise RuntimeError(f"lock benchmark process {proc.pid} failed (exit code {proc.exitcode})") from None
+
+
+def _worker(kind: str, folder: str, seconds: float, bounds: tuple[int, int | None], conn: Connection) -> None:
+    least, most = bounds
     samples = array("d")
     done = 0
     with lock_kinds.incrementer(kind, folder) as increment:
+        conn.send_bytes(_READY)
+        if not conn.poll(_READY_SECONDS + 10):
+            return  # the parent gave up on a slower process
+        (start_at,) = _START.unpack(conn.recv_bytes())
         while time.monotonic() < start_at:
             time.sleep(0.001)
-        end = start_at + seconds
+        end, last = start_at + seconds, start_at + seconds + _LONGEST_SECONDS
         clock = time.monotonic
         while True:
             before = clock()
@@ -163,7 +203,7 @@ def _worker(kind: str, folder: str, start_at: float, seconds: float, most: int |
             after = clock()
             samples.append(after - before)
             done += 1
-            if after >= end or done == most:
+            if (after >= end and done >= least) or done == most or after >= last:
                 break
-    conn.send_bytes(_HEADER.pack(done) + samples.tobytes())
+    conn.send_bytes(_HEADER.pack(done, after - start_at if done else 0.0) + samples.tobytes())
     conn.close()

@@ -198,7 +198,7 @@ def _measure(a: str, b: str, across: bool, fix: str) -> list[Finding]:
     )
 
     _step("lost updates")
-    result = contend([a, b], 4, 1.0, max_increments=500)
+    result = contend([a, b], 4, 1.0, max_increments=500, min_increments=50)
     text = f"{result.lost_updates} of {result.increments} lock-guarded increments lost (4 processes)"
     out.append(
         Finding("lost updates", OK, text)
