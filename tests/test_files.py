@@ -261,6 +261,66 @@ def test_a_busy_lock_is_judged_while_waited_for_and_never_waits_past_its_limit(t
         assert counter.try_get() == counter.get() == 12345678
 
 
+def _mountinfo_for(path: str, fstype: str, tmp_path) -> str:
+    """A mount table in which ``path``'s device is a mount of ``fstype``."""
+    dev = os.stat(path).st_dev
+    table = tmp_path / f"mountinfo-{fstype}"
+    table.write_text(f"36 1 {os.major(dev)}:{os.minor(dev)} / /mnt rw,relatime - {fstype} src rw\n")
+    return str(table)
+
+
+def test_only_fuse_filesystems_but_glusterfs_read_records_through_fresh_descriptors(tmp_path) -> None:
+    """A FUSE daemon's cache need not honour the lock (MooseFS lost lock-guarded increments
+    through held descriptors); NFS, local filesystems and lock-coherent GlusterFS keep theirs."""
+    from fsdist.files import locks
+
+    path = str(tmp_path / "record")
+    with LockedRecord(path) as record:
+        fd = record.fileno()
+        cases = [("fuse", True), ("fuse.juicefs", True), ("fuse.ceph-fuse", True),
+                 ("fuse.glusterfs", False), ("nfs4", False), ("tmpfs", False), ("fuseblk", False)]  # fmt: skip
+        for fstype, fresh in cases:
+            assert locks._needs_fresh_descriptors(fd, _mountinfo_for(path, fstype, tmp_path)) == fresh, fstype
+        other = tmp_path / "mountinfo-other"
+        other.write_text("36 1 999:999 / /mnt rw - fuse src rw\n")
+        assert not locks._needs_fresh_descriptors(fd, str(other))  # no mount shows the device: as it was
+
+
+def test_a_record_on_fuse_is_read_through_a_fresh_descriptor_and_synced_before_its_unlock(
+    tmp_path, monkeypatch
+) -> None:
+    from fsdist.files import locks
+
+    monkeypatch.setattr(locks, "_needs_fresh_descriptors", lambda fd: True)
+    events: list[str] = []
+    real_open, real_fsync, real_lock = locks.open_file, os.fsync, locks.lock
+    monkeypatch.setattr(locks, "open_file", lambda *a, **k: (events.append("open"), real_open(*a, **k))[1])
+    monkeypatch.setattr(locks.os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(
+        locks, "lock", lambda fd, kind, *a: (events.append({0: "r", 1: "w", 2: "u"}[kind]), real_lock(fd, kind, *a))[1]
+    )
+    path = str(tmp_path / "record")
+    with LockedRecord(path) as record:
+        events.clear()
+        record.write(b"abcdef")
+        assert events == ["w", "fsync", "u"]  # the write reaches the server before the next holder reads
+        events.clear()
+        assert record.read() == b"abcdef"
+        assert events == ["r", "open", "u"]  # (a read syncs nothing)
+        events.clear()
+        assert record.update(lambda old: old[:2]) == b"ab"  # shorter: written, truncated, then synced
+        assert events == ["w", "open", "fsync", "u"]
+        assert record.read() == b"ab"
+        with Counter(str(tmp_path / "counter")) as counter:
+            assert [counter.add(1) for _ in range(3)] == [1, 2, 3] and counter.get() == 3
+        # the name now leads to another file: refused, never read as this record
+        os.rename(str(tmp_path / "counter"), path)
+        with pytest.raises(FsdistError, match="no longer the file this record holds open"):
+            record.read()
+        monkeypatch.setattr(locks, "lock_kind_in_use", lambda: "posix")  # closing a descriptor would drop
+        assert record.read() == b"ab"  # the lock: the held descriptor, as before
+
+
 def test_lock_contention_starts_counting_once_every_process_opened_its_counter(tmp_path, monkeypatch) -> None:
     """doctor's contention row counted ~5 increments in its second on MooseFS, where the first
     open through a second mount took ~3 s: the count starts when all are ready."""

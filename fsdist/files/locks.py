@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from ..defaults import LOCK_TIMEOUT_SECONDS
 from ..errors import FsdistTimeoutError, ProtocolError
 from .io import open_file, retried, retrying, unlink_quietly
+from .mountinfo import mount_of_descriptor
 from .seal import TAG_BYTES, Seal, seal
 from .trust import size_checked
 from .waiting import LOCKING, Deadline, poll
@@ -45,6 +46,10 @@ OnWait = Callable[[float], None]
 #: parts of known size; the rendezvous record may be larger): a larger file is refused before
 #: anything is allocated for it, so a planted sparse file costs nothing.
 RECORD_MAX_BYTES = 1 << 20
+
+#: FUSE filesystems measured coherent through a descriptor held open under the lock: GlusterFS
+#: with its client caches off (make test-gluster; with them on it is refused, fs/fuse_kinds.py)
+_HELD_DESCRIPTOR_COHERENT_FUSE = frozenset({"fuse.glusterfs"})
 
 __all__ = [
     "EXCLUSIVE", "RECORD_MAX_BYTES", "SHARED", "UNLOCK", "Counter", "LockedRecord", "OnWait", "decode_counter",
@@ -164,6 +169,23 @@ def _open_record(path: str, create: bool) -> int:
     raise FileNotFoundError(errno.ENOENT, "record vanished while being opened", path)
 
 
+def _needs_fresh_descriptors(fd: int, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Whether a record on ``fd``'s filesystem is read through a fresh descriptor under its lock,
+    and fsynced before each unlock that follows a write.
+
+    On NFS taking a lock revalidates the client's cache and an unlock flushes; a FUSE daemon need
+    do neither, and a descriptor held open is served from a cache. Measured across two mounts, 4
+    processes' lock-guarded increments for 1 s: MooseFS 3.0 (defaults) lost 1 to 109 in most runs
+    through held descriptors, 0 in 12 runs through fresh ones; JuiceFS 1.4 showed another
+    client's rewrite through a held descriptor not within 3 s, through a fresh one after 2.7 ms
+    once the writer had fsynced. It costs an open and a close per read, an fsync per write.
+    """
+    mount = mount_of_descriptor(fd, mountinfo)
+    if mount is None:
+        return False
+    return mount.fstype.split(".", 1)[0] == "fuse" and mount.fstype not in _HELD_DESCRIPTOR_COHERENT_FUSE
+
+
 class LockedRecord:
     """A file whose reads and writes happen under an fcntl lock on a descriptor kept open."""
 
@@ -178,9 +200,27 @@ class LockedRecord:
         self._fd = _open_record(path, create)
         self._thread_lock = threading.Lock()
         self._on_wait = on_wait
+        try:
+            self._reopen = _needs_fresh_descriptors(self._fd)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self._inode = os.fstat(self._fd).st_ino if self._reopen else 0
+        self._unsynced = False  # (written since the lock was taken, and not yet fsynced)
 
     def _lock(self, kind: int) -> None:
         lock(self._fd, kind, self.path, self._on_wait)
+
+    def _release(self) -> None:
+        """Unlock; where an unlock does not publish (``_needs_fresh_descriptors``), fsync first."""
+        if self._unsynced:
+            self._unsynced = False
+            try:
+                retrying(lambda: os.fsync(self._fd))
+            except OSError as exc:
+                self._lock(UNLOCK)
+                raise OSError(exc.errno, exc.strerror, self.path) from exc
+        self._lock(UNLOCK)
 
     def read(self, offset: int = 0, size: int | None = None) -> bytes:
         """Read ``size`` bytes (or to the end) at ``offset`` under a shared lock."""
@@ -189,7 +229,7 @@ class LockedRecord:
             try:
                 return self._read_unlocked(offset, size)
             finally:
-                self._lock(UNLOCK)
+                self._release()
 
     def read_unlocked(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` with no lock: possibly torn by a concurrent write.
@@ -212,7 +252,7 @@ class LockedRecord:
             try:
                 return self._read_unlocked(offset, size)
             finally:
-                self._lock(UNLOCK)
+                self._release()
 
     def write(self, data: bytes, offset: int = 0) -> None:
         """Overwrite ``len(data)`` bytes at ``offset`` under an exclusive lock."""
@@ -221,7 +261,7 @@ class LockedRecord:
             try:
                 self._write_unlocked(data, offset)
             finally:
-                self._lock(UNLOCK)
+                self._release()
 
     def update(self, change: Callable[[bytes], bytes | None]) -> bytes:
         """Replace the whole content with ``change(old)`` atomically; ``None`` keeps it.
@@ -240,19 +280,30 @@ class LockedRecord:
                     retrying(lambda: os.ftruncate(self._fd, len(new)))
                 return new
             finally:
-                self._lock(UNLOCK)
+                self._release()
 
     def _read_unlocked(self, offset: int, size: int | None) -> bytes:
+        if not self._reopen or lock_kind_in_use() != "ofd":  # (closing a descriptor drops POSIX locks)
+            return self._read_through(self._fd, offset, size)
+        fresh = open_file(self.path, os.O_RDONLY)
+        try:
+            if os.fstat(fresh).st_ino != self._inode:
+                raise ProtocolError(f"{self.path} is no longer the file this record holds open: it was replaced")
+            return self._read_through(fresh, offset, size)
+        finally:
+            os.close(fresh)
+
+    def _read_through(self, fd: int, offset: int, size: int | None) -> bytes:
         if size is None:
-            size = max(0, size_checked(os.fstat(self._fd), self.path, self.max_size, "this record") - offset)
+            size = max(0, size_checked(os.fstat(fd), self.path, self.max_size, "this record") - offset)
         buffer = bytearray(size)
         view = memoryview(buffer)
         done = 0
         while done < size:  # a record shorter than asked (not yet written) reads short
             try:
-                got = os.preadv(self._fd, [view[done:]], offset + done)
+                got = os.preadv(fd, [view[done:]], offset + done)
             except OSError as exc:
-                got = retried(exc, lambda: os.preadv(self._fd, [view[done:]], offset + done))
+                got = retried(exc, lambda: os.preadv(fd, [view[done:]], offset + done))
             if got == 0:
                 break
             done += got
@@ -266,6 +317,7 @@ class LockedRecord:
                 written = retried(first, lambda: os.pwrite(self._fd, data, offset))
         except OSError as exc:  # EIO, ENOSPC, EDQUOT...: say which file
             raise OSError(exc.errno, exc.strerror, self.path) from exc
+        self._unsynced = self._reopen
         if written != len(data):
             raise OSError(f"short write to {self.path}: {written} of {len(data)} bytes")
 
@@ -277,7 +329,7 @@ class LockedRecord:
             try:
                 yield
             finally:
-                self._lock(UNLOCK)
+                self._release()
 
     def fileno(self) -> int:
         return self._fd
