@@ -74,6 +74,37 @@ def test_the_override_starts_with_a_warning(tmp_path, monkeypatch, caplog) -> No
     assert "starting anyway: FSDIST_ALLOW_UNSAFE_FS is set" in caplog.text
 
 
+def test_a_lock_check_that_does_not_finish_refuses_the_job_on_every_rank(tmp_path, monkeypatch) -> None:
+    """MooseFS with mfsnoposixlocks stalled the second client's measurement past the store's
+    timeout: every rank says the lock check did not finish, naming the filesystem and doctor,
+    not only a store key that did not appear."""
+    import memory_store
+
+    from fsdist.errors import FsdistTimeoutError
+
+    monkeypatch.delenv("FSDIST_ALLOW_UNSAFE_FS", raising=False)
+    real_set = memory_store.MemoryStore.set
+
+    def set_but_lose_client_1(self, key: str, value: str) -> None:
+        if not key.endswith("verdict.1"):  # (client 1's measurement never finishes)
+            real_set(self, key, value)
+
+    def get_or_time_out(self, key: str) -> bytes:
+        with self._changed:
+            if not self._changed.wait_for(lambda: key in self.values, timeout=1):
+                raise FsdistTimeoutError(f"store: key {key!r} did not appear within 1.0 s")
+            return self.values[key]
+
+    monkeypatch.setattr(memory_store.MemoryStore, "set", set_but_lose_client_1)
+    monkeypatch.setattr(memory_store.MemoryStore, "get", get_or_time_out)
+    outcomes = _check_everywhere(str(tmp_path), ["a", "b", "b"])
+    assert all(isinstance(o, RendezvousError) for o in outcomes), outcomes
+    for text in map(str, outcomes):
+        assert "refusing to start" in text and "the lock check did not finish" in text, text
+        assert "did not appear within" in text and "fsdist doctor" in text, text
+    assert os.listdir(tmp_path) == [], "a probe file was left behind"
+
+
 @pytest.mark.parametrize("where", ["tmp", "shm"])
 def test_fsdist_locks_behave_as_measured_on_local_filesystems(tmp_path, where) -> None:
     """fs/probes.py lock_semantics: what doctor reports per filesystem (FUSE ones in make test-fs)."""
