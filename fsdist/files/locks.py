@@ -3,7 +3,8 @@
 Why fcntl and not bare reads: on NFS taking a lock makes the client revalidate its cache and
 releasing it flushes writes, so a record read under the lock is coherent across machines. On
 local filesystems the lock costs ~1.5 µs. The descriptor stays open: opening a file per access
-(as ``filelock`` does) costs ~100 µs.
+(as ``filelock`` does) costs ~100 µs. FUSE filesystems keep neither promise, and there a record is
+read through a fresh descriptor and fsynced before its unlock (``_needs_fresh_descriptors``).
 
 Open-file-description (OFD) locks, not classic POSIX ``lockf`` locks, where the kernel has them
 (Linux ≥ 3.15). POSIX locks belong to the whole process: two threads of one process holding
@@ -176,7 +177,7 @@ def _needs_fresh_descriptors(fd: int, mountinfo: str = "/proc/self/mountinfo") -
     On NFS taking a lock revalidates the client's cache and an unlock flushes; a FUSE daemon need
     do neither, and a descriptor held open is served from a cache. Measured across two mounts, 4
     processes' lock-guarded increments for 1 s: MooseFS 3.0 (defaults) lost 1 to 109 in most runs
-    through held descriptors, 0 in 12 runs through fresh ones; JuiceFS 1.4 showed another
+    through held descriptors, 0 in 22 runs through fresh ones; JuiceFS 1.4 showed another
     client's rewrite through a held descriptor not within 3 s, through a fresh one after 2.7 ms
     once the writer had fsynced. It costs an open and a close per read, an fsync per write.
     """
