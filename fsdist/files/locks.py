@@ -286,10 +286,13 @@ class LockedRecord:
     def _read_unlocked(self, offset: int, size: int | None) -> bytes:
         if not self._reopen or lock_kind_in_use() != "ofd":  # (closing a descriptor drops POSIX locks)
             return self._read_through(self._fd, offset, size)
-        fresh = open_file(self.path, os.O_RDONLY)
         try:
-            if os.fstat(fresh).st_ino != self._inode:
-                raise ProtocolError(f"{self.path} is no longer the file this record holds open: it was replaced")
+            fresh = open_file(self.path, os.O_RDONLY)
+        except FileNotFoundError:  # removed (a finished generation): what it held, as everywhere else
+            return self._read_through(self._fd, offset, size)
+        try:
+            if os.fstat(fresh).st_ino != self._inode:  # another file under its name now: not ours
+                return self._read_through(self._fd, offset, size)
             return self._read_through(fresh, offset, size)
         finally:
             os.close(fresh)

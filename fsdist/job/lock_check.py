@@ -110,7 +110,7 @@ def _probe(store: KeyValue, directory: str, client: int, firsts: Sequence[int]) 
         if seen[: len(expected)] != expected:
             return (
                 f"a record rewritten under the lock through {theirs} still read as its old content under the lock "
-                f"through {ours}'s open descriptor after {COHERENT_SECONDS:g} s: the locks are no coherence point"
+                f"through {ours}'s record after {COHERENT_SECONDS:g} s: the locks are no coherence point"
             )
         return _OK
     finally:
