@@ -37,7 +37,7 @@ test-frameworks:
 test-gluster:
 	FSDIST_REQUIRE_GLUSTER=1 scripts/test.sh test_gluster.py
 
-# MooseFS, JuiceFS, SeaweedFS from packages, ranks split across two mounts, each setting safe
+# MooseFS, JuiceFS, SeaweedFS, CephFS from packages, ranks split across two mounts, each setting safe
 # or refused (root; docs/filesystems.md has the table and each one's run time). FS=a,b for several.
 FS ?= moosefs
 test-fs:

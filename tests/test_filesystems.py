@@ -1,5 +1,5 @@
 """fsdist on more real filesystems, each brought up from packages on this host, ranks split across
-two mounts ("two nodes"): ``make test-fs FS=moosefs`` (or juicefs, seaweedfs; several: FS=a,b).
+two mounts ("two nodes"): ``make test-fs FS=moosefs`` (or juicefs, seaweedfs, cephfs; several: FS=a,b).
 
 ``scripts/fs/<fs>-up.sh STATE`` starts the filesystem and mounts it as ``STATE/<setting>/{A,B}``
 for each setting it knows, and says in ``STATE/settings`` what each setting should be:
@@ -38,9 +38,9 @@ from in_rank import training as cases_training
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "fs")
 WANTED = [f.strip() for f in os.environ.get("FSDIST_FS", "").split(",") if f.strip()]
-KNOWN = ("moosefs", "juicefs", "seaweedfs")
+KNOWN = ("moosefs", "juicefs", "seaweedfs", "cephfs")
 
-pytestmark = pytest.mark.skipif(not WANTED, reason="set FSDIST_FS (make test-fs FS=moosefs|juicefs|seaweedfs)")
+pytestmark = pytest.mark.skipif(not WANTED, reason="set FSDIST_FS (make test-fs FS=moosefs|juicefs|seaweedfs|cephfs)")
 
 
 def _up(fs: str) -> Iterator[tuple[str, dict[str, str]]]:
@@ -145,7 +145,7 @@ def test_unsafe_settings_do_not_start_a_job_across_two_mounts(filesystem) -> Non
         text = str(error.value)
         print(f"\n{name} {setting}: refused after {time.monotonic() - start:.0f} s: {text[-1500:]}")
         assert "refusing to start" in text or "fsdist doctor" in text, text
-        assert any(n in text for n in ("MooseFS", "JuiceFS", "SeaweedFS", "juicefs", "seaweedfs")), text
+        assert any(n in text for n in ("MooseFS", "JuiceFS", "SeaweedFS", "CephFS", "juicefs", "seaweedfs")), text
 
 
 def test_bench_locks_across_the_mounts(filesystem) -> None:

@@ -117,7 +117,7 @@ def test_fs_tools_folder_of_another_users_is_not_run_from(tmp_path) -> None:
     assert not (tools / "bin").exists()
 
 
-@pytest.mark.parametrize("fs", ["moosefs", "juicefs", "seaweedfs"])
+@pytest.mark.parametrize("fs", ["moosefs", "juicefs", "seaweedfs", "cephfs"])
 def test_fs_bring_up_needs_root_and_says_so_as_a_skip(tmp_path, fs: str) -> None:
     """Exit 77 (the suite's "skip") before touching anything, for a user who is not root."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
