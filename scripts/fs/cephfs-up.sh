@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # Bring up CephFS on this host from scratch: a one-machine cluster (one monitor, one manager, one
 # OSD whose store is a memstore of CEPH_OSD_BYTES (default 1 GiB of RAM), one MDS, pools of size
-# 1) in a network namespace of its own, and two ceph-fuse mounts (two clients):
+# 1) in a network namespace of its own, and four ceph-fuse mounts (two mounts behave like two
+# clients; each mount is a client of its own, client.fsdist-<setting>-<A|B>):
 #
 #   scripts/fs/cephfs-up.sh STATE_DIR      then   scripts/fs/down.sh STATE_DIR
 #
-# STATE_DIR/safe/{A,B}: ceph-fuse's defaults, each its own client (client.fsdist-A, -B) of the
-#                       folder /fsdist-safe: fcntl and flock locks go to the MDS.
-# ceph-fuse has no option that keeps locks inside one mount, so there is no second setting. The
-# kernel client (mount -t ceph) needs the ceph module: where /proc/filesystems lists it, add it.
+# STATE_DIR/safe/{A,B}:    --fuse_disable_pagecache=true: every read goes to ceph-fuse, which
+#                          asks the OSD whenever another client has the file open for writing;
+# STATE_DIR/default/{A,B}: ceph-fuse's defaults: locks go to the MDS and exclude across clients,
+#                          but a read through a held-open descriptor can come from the kernel's
+#                          page cache, seconds old (measured: unsafe, docs/filesystems.md).
+# Each setting sees a folder of its own of the one filesystem (/fsdist-safe, /fsdist-default).
+# ceph-fuse has no option that keeps locks inside one mount (no local-only setting). The kernel
+# client (mount -t ceph) needs the ceph module: where /proc/filesystems lists it, add it.
 # No cephx (auth none): the cluster listens only inside its own network namespace, which only
 # root can enter, and the mounts run as root anyway; keys would add steps and protect nothing.
 # Installs ceph-mon/-osd/-mds/-mgr/-fuse with apt-get when missing (FSDIST_NO_APT=1 to forbid;
@@ -89,8 +94,8 @@ until "${ceph[@]}" mds stat 2>/dev/null | grep -q 'up:active'; do
   sleep 0.5
 done
 # one mount of the whole tree, only to make the folder the clients mount
-mount_() {  # mount_ NAME FOLDER MOUNTPOINT
-  "${inside[@]}" ceph-fuse -c "$conf" --id "$1" -r "$2" -f "$3" >"$state/log/fuse-$1.out" 2>&1 &
+mount_() {  # mount_ NAME FOLDER MOUNTPOINT [OPTION ...]
+  "${inside[@]}" ceph-fuse -c "$conf" --id "$1" -r "$2" -f "$3" "${@:4}" >"$state/log/fuse-$1.out" 2>&1 &
   echo $! >>"$state/pids"
   echo "$3" >>"$state/mounts"
   for try in $(seq 300); do
@@ -101,12 +106,16 @@ mount_() {  # mount_ NAME FOLDER MOUNTPOINT
 }
 mkdir -p "$state/root"
 mount_ fsdist-root / "$state/root"
-mkdir -p "$state/root/fsdist-safe"
+mkdir -p "$state/root/fsdist-safe" "$state/root/fsdist-default"
 umount "$state/root"
-for m in A B; do
-  mkdir -p "$state/safe/$m"
-  mount_ "fsdist-$m" /fsdist-safe "$state/safe/$m"
+for setting in safe default; do
+  opts=()
+  [ "$setting" = safe ] && opts=(--fuse_disable_pagecache=true)
+  for m in A B; do
+    mkdir -p "$state/$setting/$m"
+    mount_ "fsdist-$setting-$m" "/fsdist-$setting" "$state/$setting/$m" "${opts[@]}"
+  done
 done
-printf 'safe safe\n' >"$state/settings"
+printf 'safe safe\ndefault unsafe\n' >"$state/settings"
 trap - ERR
-echo "cephfs-up: CephFS $(ceph-mon --version | awk '{print $3}') up in $state (safe/)"
+echo "cephfs-up: CephFS $(ceph-mon --version | awk '{print $3}') up in $state (safe/, default/)"
