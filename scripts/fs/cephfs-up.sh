@@ -6,8 +6,8 @@
 #
 #   scripts/fs/cephfs-up.sh STATE_DIR      then   scripts/fs/down.sh STATE_DIR
 #
-# STATE_DIR/safe/{A,B}:    --fuse_disable_pagecache=true: every read goes to ceph-fuse, which
-#                          asks the OSD whenever another client has the file open for writing;
+# STATE_DIR/safe/{A,B}:    --fuse_disable_pagecache=true: no kernel page cache, every read goes
+#                          to ceph-fuse (and its client cache, which the MDS keeps coherent);
 # STATE_DIR/default/{A,B}: ceph-fuse's defaults: locks go to the MDS and exclude across clients,
 #                          but a read through a held-open descriptor can come from the kernel's
 #                          page cache, seconds old (measured: unsafe, docs/filesystems.md).
