@@ -260,3 +260,24 @@ def test_a_measurement_that_never_returns_is_reported_unsafe_naming_it(tmp_path,
     os.waitpid(stalled.value.pid, 0)  # (it finishes once the sleep is over: before tmp_path goes)
     report = doctor.diagnose_within(str(tmp_path), None, 60.0)  # and a measurement that returns: the report
     assert report["directory"] == str(tmp_path) and report["findings"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "verdict"),
+    [
+        (["ceph-fuse", "--id", "x", "-r", "/d", "/mnt/c"], UNSAFE),
+        (["ceph-fuse", "--id", "x", "--fuse_disable_pagecache=true", "/mnt/c"], OK),
+        (["ceph-fuse", "--fuse-disable-pagecache=true", "/mnt/c"], OK),
+        (["ceph-fuse", "--fuse_disable_pagecache=false", "/mnt/c"], UNSAFE),
+    ],
+)
+def test_ceph_fuse_is_trusted_only_with_its_page_cache_off(monkeypatch, argv, verdict) -> None:
+    """With the kernel's page cache on, ceph-fuse served a rewrite old for > 3 s even on re-open
+    (make test-fs FS=cephfs); the option shows only on its command line (or in ceph.conf)."""
+    from fsdist.fs import fuse_kinds, mounts
+
+    monkeypatch.setattr(fuse_kinds, "fuse_daemon", lambda point: argv)
+    (found,) = classify(mounts.Mount("/mnt/c", "fuse.ceph-fuse", "ceph-fuse", {"rw": ""}))
+    assert found.verdict == verdict, found
+    if verdict == UNSAFE:  # (refused at start across clients, with the fix and the override)
+        assert "--fuse_disable_pagecache=true" in found.fix and "FSDIST_ALLOW_UNSAFE_FS=1" in found.fix, found

@@ -277,7 +277,7 @@ def test_only_fuse_filesystems_but_glusterfs_read_records_through_fresh_descript
     path = str(tmp_path / "record")
     with LockedRecord(path) as record:
         fd = record.fileno()
-        cases = [("fuse", True), ("fuse.juicefs", True), ("fuse.ceph-fuse", True),
+        cases = [("fuse", True), ("fuse.juicefs", True), ("fuse.ceph-fuse", False),
                  ("fuse.glusterfs", False), ("nfs4", False), ("tmpfs", False), ("fuseblk", False)]  # fmt: skip
         for fstype, fresh in cases:
             assert locks._needs_fresh_descriptors(fd, _mountinfo_for(path, fstype, tmp_path)) == fresh, fstype
