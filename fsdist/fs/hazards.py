@@ -14,7 +14,7 @@ bottom in the order the rules apply (FUSE kinds in ``fs/fuse_kinds.py``, in thei
 from __future__ import annotations
 
 from .fuse_kinds import fuse_findings
-from .mounts import LOCAL_FILESYSTEMS, OK, UNSAFE, WARN, Finding, Mount, find_mount
+from .mounts import LOCAL_FILESYSTEMS, OK, UNSAFE, WARN, Finding, Mount, filesystem_name, find_mount
 
 __all__ = ["classify", "cross_client_hazard", "local_hazard"]
 
@@ -87,7 +87,8 @@ def local_hazard(path: str) -> str | None:
     """Why even ranks on *one* client of ``path``'s filesystem would corrupt each other's data."""
     mount = find_mount(path)
     bad = [f for f in classify(mount) if f.verdict == UNSAFE and f.within_one_mount]
-    return f"{mount.fstype} at {mount.mount_point}: {bad[0].detail} (fix: {bad[0].fix})" if bad else None
+    where = f"{filesystem_name(mount)} ({mount.fstype} at {mount.mount_point})"
+    return f"{where}: {bad[0].detail} (fix: {bad[0].fix})" if bad else None
 
 
 def cross_client_hazard(path: str) -> str | None:
@@ -98,4 +99,4 @@ def cross_client_hazard(path: str) -> str | None:
     if not bad:
         return None
     text = "; ".join(f"{f.detail} (fix: {f.fix})" if f.fix else f.detail for f in bad)
-    return f"{mount.fstype} at {mount.mount_point}: {text}"
+    return f"{filesystem_name(mount)} ({mount.fstype} at {mount.mount_point}): {text}"
