@@ -9,7 +9,11 @@
 # "rpc" = only the RPC count (rpc_count.py: NFS RPCs per small all_reduce and per barrier per rank);
 # "restart" = only the server restart (restart_ranks.py: checked all_reduces while nfsd restarts);
 # "torn" = only the torn-read check (torn_ranks.py: writer through /mnt/a, reader through /mnt/b);
-# "pages" = only which reads of a just-written file go to the server (page_cache.py)
+# "pages" = only which reads of a just-written file go to the server (page_cache.py);
+# "ganesha" = only the NFS-Ganesha phases, which "all" runs too after the kernel's: a second,
+# userspace server (FSAL VFS over its own tmpfs) in network namespace gsrv (10.8.0.2), mounted
+# v3 (two mounts, the second nosharecache) and v4.2 (the second from c2), each with doctor, the
+# 4-rank check and the RPC count (flat)
 # $5 (FSDIST_NFS_IO in run.sh): FSDIST_IO for every rank (auto, direct, locked)
 repo=$1 work=$2 check=${3:-all} rpc_ops=${4:-200} io=${5:-auto}
 set -x
@@ -119,6 +123,7 @@ torn_suite() {
 }
 
 checks() {
+  case "$1" in *Ganesha*) suite "$1"; rpc_suite "$1"; return;; esac
   if [ "$check" = pages ]; then
     mkdir -p /mnt/a/pagejob && $py "$repo/scripts/nfs-vm/page_cache.py" /mnt/a/pagejob /mnt/b/pagejob "$1"
     rm -rf /mnt/a/pagejob; return
@@ -130,11 +135,95 @@ checks() {
   rpc_suite "$1" tiers
 }
 
+# NFS-Ganesha, a userspace NFS server (FSAL VFS: file handles by name_to_handle_at, which tmpfs
+# gives), in network namespace gsrv (10.8.0.2 over veth gveth0/gveth1) with its own rpcbind and
+# statd, in a mount namespace with its own /run (rpcbind's socket). Ganesha is the NLM server
+# itself: beside the kernel's lockd (the v3 clients' lock manager here, and nfsd's), lockd
+# would take the one rpcbind's nlockmgr registration and the clients' locks would go to lockd.
+# c2 reaches gsrv through the root namespace, which forwards. Kernel nfsd may keep running.
+ganesha_phases() {
+  set -x
+  echo "== NFS-Ganesha: $(dpkg-query -W -f '${Version}' nfs-ganesha nfs-ganesha-vfs | tr '\n' ' ')"
+  ip netns add gsrv
+  ip link add gveth0 type veth peer name gveth1
+  ip link set gveth1 netns gsrv
+  ip addr add 10.8.0.1/24 dev gveth0 && ip link set gveth0 up
+  ip netns exec gsrv sh -c 'ip link set lo up; ip addr add 10.8.0.2/24 dev gveth1; ip link set gveth1 up; ip route add default via 10.8.0.1'
+  ip netns exec c2 ip route add default via 10.9.0.1
+  echo 1 >/proc/sys/net/ipv4/ip_forward
+  mkdir -p /var/lib/nfs/gexport /var/lib/nfs/ganesha /var/lib/nfs/gstatd/sm /var/lib/nfs/gstatd/sm.bak
+  mount -t tmpfs tmpfs /var/lib/nfs/gexport
+  cat >"$work/ganesha.conf" <<'CONF'
+NFS_CORE_PARAM {
+  Protocols = 3, 4;
+  Enable_NLM = true;
+  Enable_RQUOTA = false;
+  Plugins_Dir = /usr/lib/x86_64-linux-gnu/ganesha;
+}
+NFSV4 {
+  Minor_Versions = 0, 1, 2;
+  Grace_Period = 10;
+  Lease_Lifetime = 10;
+  Only_Numeric_Owners = true;
+  RecoveryRoot = /var/lib/nfs/ganesha;
+}
+NFS_KRB5 { Active_krb5 = false; }
+EXPORT {
+  Export_Id = 1;
+  Path = /var/lib/nfs/gexport;
+  Pseudo = /export;
+  Protocols = 3, 4;
+  Access_Type = RW;
+  Squash = no_root_squash;
+  SecType = sys;
+  FSAL { Name = VFS; }
+}
+CONF
+  : >"$work/ganesha.log"
+  nsenter --net=/run/netns/gsrv unshare -m sh -c "mount -t tmpfs tmpfs /run && mkdir -p /run/ganesha \
+    && rpcbind -w && rpc.statd --no-notify -P /var/lib/nfs/gstatd \
+    && ganesha.nfsd -L $work/ganesha.log -f $work/ganesha.conf -p /run/ganesha/ganesha.pid -N NIV_EVENT"
+  local start=$(date +%s) label minor
+  until rpcinfo -t 10.8.0.2 nfs 3 >/dev/null 2>&1 || [ $(( $(date +%s) - start )) -gt 120 ]; do sleep 1; done
+  echo "ganesha answers after $(( $(date +%s) - start )) s"
+  rpcinfo -p 10.8.0.2; showmount -e 10.8.0.2
+  sleep 12  # its grace period (10 s)
+  set +x
+
+  label="NFS v3 Ganesha"
+  if timeout 120 mount -t nfs -o vers=3 10.8.0.2:/var/lib/nfs/gexport /mnt/a \
+     && timeout 120 mount -t nfs -o vers=3,nosharecache 10.8.0.2:/var/lib/nfs/gexport /mnt/b; then
+    checks "$label" >>"$work/result.raw" 2>&1
+  else
+    echo "RESULT FAIL ($label, mount: see guest.log)" >>"$work/result.raw"
+  fi
+  timeout 60 umount /mnt/a /mnt/b
+  versions+=("$label")
+
+  # v4.2 if this Ganesha serves it, else v4.1
+  for minor in 4.2 4.1 none; do
+    [ $minor = none ] || timeout 120 mount -t nfs -o vers=$minor 10.8.0.2:/export /mnt/a && break
+  done
+  label="NFS v$minor Ganesha"
+  if [ $minor != none ] && timeout 120 nsenter --net=/run/netns/c2 unshare -u sh -c \
+       "hostname nfsclient2; mount -t nfs -o vers=$minor 10.8.0.2:/export /mnt/b"; then
+    checks "$label" >>"$work/result.raw" 2>&1
+  else
+    echo "RESULT FAIL ($label, mount: see guest.log)" >>"$work/result.raw"
+  fi
+  timeout 60 umount /mnt/a /mnt/b
+  versions+=("$label")
+  echo "== NFS-Ganesha phases done in $(( $(date +%s) - start )) s"
+}
+
 : >"$work/result.raw"
+versions=()
+if [ "$check" != ganesha ]; then
 mount -t nfs -o vers=3 127.0.0.1:/run/export /mnt/a
 mount -t nfs -o vers=3,nosharecache 127.0.0.1:/run/export /mnt/b
 checks "NFS v3" >>"$work/result.raw" 2>&1
 umount /mnt/a /mnt/b
+versions+=("NFS v3")
 
 mount -t nfs -o vers=4.2 127.0.0.1:/ /mnt/a
 # nsenter --net: only the network namespace changes, so the mount lands in the one mount
@@ -142,10 +231,24 @@ mount -t nfs -o vers=4.2 127.0.0.1:/ /mnt/a
 nsenter --net=/run/netns/c2 unshare -u sh -c 'hostname nfsclient2; mount -t nfs -o vers=4.2 10.9.0.1:/ /mnt/b'
 checks "NFS v4.2" >>"$work/result.raw" 2>&1
 umount /mnt/a /mnt/b
+versions+=("NFS v4.2")
+fi
+
+if [ "$check" = all ] || [ "$check" = ganesha ]; then
+  ganesha_phases
+fi
 
 {
   cat "$work/result.raw"
-  for v in "NFS v3" "NFS v4.2"; do
+  for v in "${versions[@]}"; do
+    case "$v" in *Ganesha*)
+      grep -q "^RESULT FAIL ($v, mount" "$work/result.raw" && continue
+      passes=$(grep -c "^rank [0-3] PASS ($v)" "$work/result.raw")
+      [ "$passes" = 4 ] && echo "RESULT PASS ($v, two clients)" || echo "RESULT FAIL ($v: $passes of 4 ranks passed)"
+      passes=$(grep -c "^rank [0-3] PASS ($v, RPC count)" "$work/result.raw")
+      [ "$passes" = 4 ] && echo "RESULT PASS ($v, RPC count)" || echo "RESULT FAIL ($v, RPC count: $passes of 4 ranks passed)"
+      continue;;
+    esac
     if [ "$check" = pages ]; then
       renamed=$(grep "^pages ($v) written temp + rename, read by the same client, pread:" "$work/result.raw" | awk '{print $(NF-6)}')
       in_place=$(grep "^pages ($v) written in place, read by the same client, pread:" "$work/result.raw" | awk '{print $(NF-6)}')
@@ -176,7 +279,7 @@ umount /mnt/a /mnt/b
       [ "$passes" = 4 ] && echo "RESULT PASS ($kind, RPC count)" || echo "RESULT FAIL ($kind, RPC count: $passes of 4 ranks passed)"
     done
   done
-  if [ "$check" = all ] || [ "$check" = rpc ]; then
+  if [ "$check" = all ] || [ "$check" = rpc ] || [ "$check" = ganesha ]; then
     echo "== RPCs per op (per second when idle) per rank, by type"
     $py "$repo/scripts/nfs-vm/mountstats.py" summary "$work/result.raw"
   fi

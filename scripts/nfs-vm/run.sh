@@ -17,7 +17,10 @@
 # records, a reader on one client racing its writer on the other; a writer cut off mid-record),
 # which every full run makes too. FSDIST_NFS_CHECK=pages runs only page_cache.py: which reads of a
 # just-written message file go to the server, written by rename or in place (why message files
-# are written in place on network filesystems).
+# are written in place on network filesystems). FSDIST_NFS_CHECK=ganesha runs only the NFS-Ganesha
+# phases, which every full run makes too, after the kernel's: a userspace NFS server (nfs-ganesha,
+# FSAL VFS over a tmpfs) in its own network namespace, mounted v3 (two mounts) and v4.2 (the second
+# from its own namespace), each with doctor, the 4-rank check and the RPC count (flat).
 # Result: the work folder's result.txt (also printed). ~25 minutes under software emulation (RPC count only: 11-15).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -36,7 +39,7 @@ for path in "$repo" "$work"; do
   done
 done
 check=${FSDIST_NFS_CHECK:-all} rpc_ops=${FSDIST_NFS_RPC_OPS:-200} io=${FSDIST_NFS_IO:-auto}
-case "$check" in all|rpc|restart|torn|pages) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default), rpc, restart, torn or pages, not '$check'" >&2; exit 2;; esac
+case "$check" in all|rpc|restart|torn|pages|ganesha) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default), rpc, restart, torn, pages or ganesha, not '$check'" >&2; exit 2;; esac
 case "$io" in auto|direct|locked) ;; *) echo "test-nfs: FSDIST_NFS_IO is auto (default), direct or locked, not '$io'" >&2; exit 2;; esac
 case "$rpc_ops" in ''|*[!0-9]*) echo "test-nfs: FSDIST_NFS_RPC_OPS must be a number, not '$rpc_ops'" >&2; exit 2;; esac
 [ "$(id -u)" = 0 ] || { echo "test-nfs: needs root" >&2; exit 77; }
@@ -44,7 +47,10 @@ need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 [ -x /bin/busybox ] || need+=(busybox-static)
 command -v rpc.nfsd >/dev/null || need+=(nfs-kernel-server)
-# qemu: the VM; busybox-static: the initramfs; nfs-kernel-server: rpcbind/statd/mountd/nfsd run in the guest
+command -v ganesha.nfsd >/dev/null || need+=(nfs-ganesha)
+[ -e /usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so ] || need+=(nfs-ganesha-vfs)
+# qemu: the VM; busybox-static: the initramfs; nfs-kernel-server: rpcbind/statd/mountd/nfsd run in the guest;
+# nfs-ganesha(-vfs): the second, userspace NFS server (only the ganesha phases start it)
 [ ${#need[@]} = 0 ] || apt-get install -y -q --no-install-recommends "${need[@]}" >"$work/apt.log"
 kver=${FSDIST_NFS_KERNEL:-6.1.0-50-amd64}
 if [ ! -d "$work/k/lib/modules/$kver" ]; then
