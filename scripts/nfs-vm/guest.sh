@@ -141,18 +141,38 @@ checks() {
 # itself: beside the kernel's lockd (the v3 clients' lock manager here, and nfsd's), lockd
 # would take the one rpcbind's nlockmgr registration and the clients' locks would go to lockd.
 # c2 reaches gsrv through the root namespace, which forwards. Kernel nfsd may keep running.
+# lock_probe LABEL: one blocking fcntl lock through each mount, timed (NLM on v3 goes through statd)
+lock_probe() {
+  local m
+  for m in /mnt/a /mnt/b; do
+    timeout 120 $py -c 'import fcntl, os, sys, time
+t = time.monotonic(); fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX); fcntl.lockf(fd, fcntl.LOCK_UN); r = "taken and released"
+except OSError as e:
+    r = f"refused: {e}"
+print(f"lock probe ({sys.argv[2]}) {sys.argv[1]}: {r} in {time.monotonic() - t:.2f} s")' $m/lockprobe-${m#/mnt/} "$1" \
+      || echo "lock probe ($1) $m: no answer in 120 s"
+  done
+}
+
 ganesha_phases() {
   set -x
-  echo "== NFS-Ganesha: $(dpkg-query -W -f '${Version}' nfs-ganesha nfs-ganesha-vfs | tr '\n' ' ')"
+  echo "== NFS-Ganesha: $(dpkg-query -W -f '${Package} ${Version}, ' nfs-ganesha nfs-ganesha-vfs)"
   ip netns add gsrv
   ip link add gveth0 type veth peer name gveth1
   ip link set gveth1 netns gsrv
   ip addr add 10.8.0.1/24 dev gveth0 && ip link set gveth0 up
-  ip netns exec gsrv sh -c 'ip link set lo up; ip addr add 10.8.0.2/24 dev gveth1; ip link set gveth1 up; ip route add default via 10.8.0.1'
-  ip netns exec c2 ip route add default via 10.9.0.1
+  # routes for c2 only, no default: a DNS query (statd looks the clients' names up) must fail at
+  # once, not wait out its timeout, since Ganesha gives statd 3 s to answer before refusing the lock
+  ip netns exec gsrv sh -c 'ip link set lo up; ip addr add 10.8.0.2/24 dev gveth1; ip link set gveth1 up; ip route add 10.9.0.0/24 via 10.8.0.1'
+  ip netns exec c2 ip route add 10.8.0.0/24 via 10.9.0.1
   echo 1 >/proc/sys/net/ipv4/ip_forward
   mkdir -p /var/lib/nfs/gexport /var/lib/nfs/ganesha /var/lib/nfs/gstatd/sm /var/lib/nfs/gstatd/sm.bak
   mount -t tmpfs tmpfs /var/lib/nfs/gexport
+  # the server side's names (bind-mounted over /etc/hosts in its mount namespace): statd answers
+  # SM_MON from files, not DNS
+  printf '127.0.0.1 localhost\n10.8.0.2 nfsvm-ganesha\n10.8.0.1 nfsvm\n10.9.0.2 nfsclient2\n' >/var/lib/nfs/ganesha-hosts
   cat >"$work/ganesha.conf" <<'CONF'
 NFS_CORE_PARAM {
   Protocols = 3, 4;
@@ -168,6 +188,7 @@ NFSV4 {
   RecoveryRoot = /var/lib/nfs/ganesha;
 }
 NFS_KRB5 { Active_krb5 = false; }
+LOG { COMPONENTS { NLM = DEBUG; } }
 EXPORT {
   Export_Id = 1;
   Path = /var/lib/nfs/gexport;
@@ -180,8 +201,10 @@ EXPORT {
 }
 CONF
   : >"$work/ganesha.log"
+  # statd in the foreground with its debug log in the work folder (Ganesha's locks wait on it)
   nsenter --net=/run/netns/gsrv unshare -m sh -c "mount -t tmpfs tmpfs /run && mkdir -p /run/ganesha \
-    && rpcbind -w && rpc.statd --no-notify -P /var/lib/nfs/gstatd \
+    && mount --bind /var/lib/nfs/ganesha-hosts /etc/hosts && rpcbind -w \
+    && { rpc.statd -F -d --no-notify -P /var/lib/nfs/gstatd >$work/ganesha-statd.log 2>&1 & sleep 2; } \
     && ganesha.nfsd -L $work/ganesha.log -f $work/ganesha.conf -p /run/ganesha/ganesha.pid -N NIV_EVENT"
   local start=$(date +%s) label minor
   until rpcinfo -t 10.8.0.2 nfs 3 >/dev/null 2>&1 || [ $(( $(date +%s) - start )) -gt 120 ]; do sleep 1; done
@@ -193,6 +216,7 @@ CONF
   label="NFS v3 Ganesha"
   if timeout 120 mount -t nfs -o vers=3 10.8.0.2:/var/lib/nfs/gexport /mnt/a \
      && timeout 120 mount -t nfs -o vers=3,nosharecache 10.8.0.2:/var/lib/nfs/gexport /mnt/b; then
+    lock_probe "$label" >>"$work/result.raw" 2>&1
     checks "$label" >>"$work/result.raw" 2>&1
   else
     echo "RESULT FAIL ($label, mount: see guest.log)" >>"$work/result.raw"
@@ -207,6 +231,7 @@ CONF
   label="NFS v$minor Ganesha"
   if [ $minor != none ] && timeout 120 nsenter --net=/run/netns/c2 unshare -u sh -c \
        "hostname nfsclient2; mount -t nfs -o vers=$minor 10.8.0.2:/export /mnt/b"; then
+    lock_probe "$label" >>"$work/result.raw" 2>&1
     checks "$label" >>"$work/result.raw" 2>&1
   else
     echo "RESULT FAIL ($label, mount: see guest.log)" >>"$work/result.raw"
