@@ -49,12 +49,13 @@ test-fs:
 # `make test-nfs FSDIST_NFS_CHECK=rpc` runs only that (FSDIST_NFS_RPC_OPS: ops per loop, 200);
 # `FSDIST_NFS_CHECK=restart` runs only checked all_reduces while the NFS server restarts;
 # `FSDIST_NFS_CHECK=torn` only the torn-read check of direct records (a full run makes it too);
-# `FSDIST_NFS_CHECK=ganesha` only the NFS-Ganesha phases (userspace server; a full run makes them too);
+# `FSDIST_NFS_CHECK=ganesha` only the NFS-Ganesha phases (userspace server; a full run makes them too;
+# `FSDIST_NFS_GANESHA=3` or `4.2` only that version);
 # `FSDIST_NFS_IO=direct|locked` sets FSDIST_IO for every rank in the VM (default auto);
 # `FSDIST_NFS_WORK=DIR` another work folder (two runs at once each need their own).
 test-nfs:
 	scripts/setup-venv.sh .venv test
-	FSDIST_NFS_CHECK=$(FSDIST_NFS_CHECK) FSDIST_NFS_RPC_OPS=$(FSDIST_NFS_RPC_OPS) FSDIST_NFS_IO=$(FSDIST_NFS_IO) \
+	FSDIST_NFS_CHECK=$(FSDIST_NFS_CHECK) FSDIST_NFS_RPC_OPS=$(FSDIST_NFS_RPC_OPS) FSDIST_NFS_IO=$(FSDIST_NFS_IO) FSDIST_NFS_GANESHA=$(FSDIST_NFS_GANESHA) \
 	  scripts/nfs-vm/run.sh $(FSDIST_NFS_WORK)
 
 lint:

@@ -20,7 +20,8 @@
 # are written in place on network filesystems). FSDIST_NFS_CHECK=ganesha runs only the NFS-Ganesha
 # phases, which every full run makes too, after the kernel's: a userspace NFS server (nfs-ganesha,
 # FSAL VFS over a tmpfs) in its own network namespace, mounted v3 (two mounts) and v4.2 (the second
-# from its own namespace), each with doctor, the 4-rank check and the RPC count (flat).
+# from its own namespace), each with doctor, the 4-rank check and the RPC count (flat);
+# FSDIST_NFS_GANESHA=3 or 4.2 runs only that version's Ganesha phase.
 # Result: the work folder's result.txt (also printed). ~25 minutes under software emulation (RPC count only: 11-15).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -38,7 +39,8 @@ for path in "$repo" "$work"; do
     esac
   done
 done
-check=${FSDIST_NFS_CHECK:-all} rpc_ops=${FSDIST_NFS_RPC_OPS:-200} io=${FSDIST_NFS_IO:-auto}
+check=${FSDIST_NFS_CHECK:-all} rpc_ops=${FSDIST_NFS_RPC_OPS:-200} io=${FSDIST_NFS_IO:-auto} gvers=${FSDIST_NFS_GANESHA:-3,4.2}
+case "$gvers" in 3,4.2|3|4.2) ;; *) echo "test-nfs: FSDIST_NFS_GANESHA is 3,4.2 (default), 3 or 4.2, not '$gvers'" >&2; exit 2;; esac
 case "$check" in all|rpc|restart|torn|pages|ganesha) ;; *) echo "test-nfs: FSDIST_NFS_CHECK is all (default), rpc, restart, torn, pages or ganesha, not '$check'" >&2; exit 2;; esac
 case "$io" in auto|direct|locked) ;; *) echo "test-nfs: FSDIST_NFS_IO is auto (default), direct or locked, not '$io'" >&2; exit 2;; esac
 case "$rpc_ops" in ''|*[!0-9]*) echo "test-nfs: FSDIST_NFS_RPC_OPS must be a number, not '$rpc_ops'" >&2; exit 2;; esac
@@ -67,7 +69,7 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 for pass in 1 2; do for m in \$(cat /mods/order); do insmod /mods/\$m 2>/dev/null; done; done
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=524288 hostroot /host
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=524288 share /host$work
-chroot /host /bin/bash $repo/scripts/nfs-vm/guest.sh $repo $work $check $rpc_ops $io > /host$work/guest.log 2>&1
+chroot /host /bin/bash $repo/scripts/nfs-vm/guest.sh $repo $work $check $rpc_ops $io $gvers > /host$work/guest.log 2>&1
 sync; poweroff -f
 INIT
 chmod +x "$work/initrd/init"
