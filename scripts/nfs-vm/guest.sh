@@ -216,15 +216,16 @@ CONF
   sleep 12  # its grace period (10 s)
   set +x
   # every 30 s, the kernel stack of each process stuck in an uninterruptible wait (an NFS call
-  # that does not return), so a hang on this server shows where it is
-  ( while sleep 30; do
-      for p in /proc/[0-9]*; do
-        [ "$(awk '/^State:/ {print $2}' $p/status 2>/dev/null)" = D ] || continue
-        echo "== $(date +%T) pid ${p#/proc/}: $(tr '\0' ' ' <$p/cmdline | cut -c1-160)"; cat $p/stack
-      done
-    done >>"$work/ganesha-stuck.log" 2>&1 ) &
-  local watcher=$!
+  # that does not return), so a hang on this server shows where it is. Forked twice: the suites'
+  # bare `wait` waits for every child of this shell, and would wait for this loop forever
   : >"$work/ganesha-stuck.log"
+  ( ( while sleep 30; do
+        for p in /proc/[0-9]*; do
+          [ "$(awk '/^State:/ {print $2}' $p/status 2>/dev/null)" = D ] || continue
+          echo "== $(date +%T) pid ${p#/proc/}: $(tr '\0' ' ' <$p/cmdline | cut -c1-160)"; cat $p/stack
+        done
+      done >>"$work/ganesha-stuck.log" 2>&1 ) & echo $! >/run/ganesha-watcher.pid )
+  local watcher=$(cat /run/ganesha-watcher.pid)
 
   label="NFS v3 Ganesha"
   case ",$gvers," in *,3,*) ;; *) label=;; esac
