@@ -262,6 +262,33 @@ def test_a_measurement_that_never_returns_is_reported_unsafe_naming_it(tmp_path,
     assert report["directory"] == str(tmp_path) and report["findings"]
 
 
+def test_doctor_returns_after_a_stall_even_if_the_mount_findings_block(tmp_path, monkeypatch, capsys) -> None:
+    """After reporting a stall doctor adds what the mounts say, touching the stalled filesystem
+    for none of it but a finding's own look (GlusterFS's .meta), and gives that up in 5 s."""
+    import argparse
+    import threading
+    import time
+
+    from fsdist.cli import doctor as cli_doctor
+    from fsdist.fs.doctor import DoctorStalledError
+
+    def stalled(*args: object) -> None:
+        raise DoctorStalledError("lock semantics", 120, 12345)
+
+    monkeypatch.setattr(cli_doctor, "diagnose_within", stalled)
+    monkeypatch.setattr(os.path, "realpath", lambda path: pytest.fail("resolved a path on the stalled mount"))
+    monkeypatch.setattr(cli_doctor, "classify", lambda mount: threading.Event().wait() and [])
+    monkeypatch.setattr(cli_doctor, "_FINDINGS_SECONDS", 0.5)
+    args = argparse.Namespace(directory=str(tmp_path), peer_mount=None, json=False, stall_timeout=120.0)
+    monkeypatch.setattr(cli_doctor, "directory_problem", lambda *a: None)
+    start = time.monotonic()
+    assert cli_doctor.run(args) == 1
+    assert time.monotonic() - start < 3
+    err = capsys.readouterr().err
+    assert "'lock semantics' measurement made no progress for 120 s" in err, err
+    assert "the mounts' own findings did not return either" in err, err
+
+
 @pytest.mark.parametrize(
     ("argv", "verdict"),
     [

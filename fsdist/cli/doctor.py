@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+import threading
 
 from ..fs.doctor import DoctorStalledError, diagnose_within, render
 from ..fs.hazards import classify
@@ -45,14 +45,8 @@ def run(args: argparse.Namespace) -> int:
         report = diagnose_within(args.directory, args.peer_mount, args.stall_timeout)
     except DoctorStalledError as exc:
         print(f"fsdist doctor: {args.directory}: {exc}", file=sys.stderr)
-        for path in filter(None, (args.directory, args.peer_mount)):  # what the mount says, which may explain it
-            mount = find_mount(os.path.realpath(path))
-            for finding in classify(mount):
-                if finding.verdict != OK:
-                    print(
-                        f"  [{finding.verdict:^6}] {finding.name} ({mount.mount_point}): {finding.detail}",
-                        file=sys.stderr,
-                    )
+        for line in _what_the_mounts_say([p for p in (args.directory, args.peer_mount) if p]):
+            print(line, file=sys.stderr)
         return 1
     except (OSError, RuntimeError) as exc:
         print(f"fsdist doctor: could not check {args.directory}: {exc}", file=sys.stderr)
@@ -62,3 +56,28 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(render(report))
     return 1 if report["verdict"] == UNSAFE else 0
+
+
+#: how long the mount findings after a stall may take (they may touch the stalled filesystem)
+_FINDINGS_SECONDS = 5.0
+
+
+def _what_the_mounts_say(paths: list[str]) -> list[str]:
+    """The mounts' own unsafe or warn findings, which may explain a stall: read from the mount
+    table without resolving the paths, in a thread given up after _FINDINGS_SECONDS (a GlusterFS
+    finding lists its .meta folder, which the stalled filesystem would never answer; seen on
+    NFS-Ganesha: doctor printed its stall and never returned, and resolving the paths was the one
+    filesystem call left)."""
+    lines: list[str] = []
+
+    def collect() -> None:
+        for path in paths:
+            mount = find_mount(path, resolve=False)
+            for finding in classify(mount):
+                if finding.verdict != OK:
+                    lines.append(f"  [{finding.verdict:^6}] {finding.name} ({mount.mount_point}): {finding.detail}")
+
+    worker = threading.Thread(target=collect, name="fsdist-doctor-findings", daemon=True)
+    worker.start()
+    worker.join(_FINDINGS_SECONDS)
+    return list(lines) if not worker.is_alive() else [*lines, "  (the mounts' own findings did not return either)"]

@@ -69,9 +69,11 @@ def read_mounts(mountinfo: str = "/proc/self/mountinfo") -> list[Mount]:
     return mounts
 
 
-def find_mount(path: str, mountinfo: str = "/proc/self/mountinfo") -> Mount:
-    """The mount ``path`` lies on: the longest mount point containing it (the last one mounted)."""
-    real = os.path.realpath(path)
+def find_mount(path: str, mountinfo: str = "/proc/self/mountinfo", resolve: bool = True) -> Mount:
+    """The mount ``path`` lies on: the longest mount point containing it (the last one mounted).
+    ``resolve=False`` takes the path as written, touching no filesystem (one that stopped
+    answering would block ``realpath``'s lookups)."""
+    real = os.path.realpath(path) if resolve else os.path.abspath(path)
     best: Mount | None = None
     for mount in read_mounts(mountinfo):
         point = mount.mount_point.rstrip("/") or "/"
