@@ -293,15 +293,18 @@ class LockedRecord:
         except FileNotFoundError:  # removed (a finished generation): what it held, as everywhere else
             return self._read_through(self._fd, offset, size)
         try:
-            if os.fstat(fresh).st_ino != self._inode:  # another file under its name now: not ours
+            st = os.fstat(fresh)
+            if st.st_ino != self._inode:  # another file under its name now: not ours
                 return self._read_through(self._fd, offset, size)
-            return self._read_through(fresh, offset, size)
+            return self._read_through(fresh, offset, size, st)
         finally:
             os.close(fresh)
 
-    def _read_through(self, fd: int, offset: int, size: int | None) -> bytes:
+    def _read_through(self, fd: int, offset: int, size: int | None, st: os.stat_result | None = None) -> bytes:
+        """``st``: the descriptor's stat where the caller has it (one fstat per read, not two)."""
         if size is None:
-            size = max(0, size_checked(os.fstat(fd), self.path, self.max_size, "this record") - offset)
+            st = st or os.fstat(fd)
+            size = max(0, size_checked(st, self.path, self.max_size, "this record") - offset)
         buffer = bytearray(size)
         view = memoryview(buffer)
         done = 0

@@ -87,8 +87,7 @@ def local_hazard(path: str) -> str | None:
     """Why even ranks on *one* client of ``path``'s filesystem would corrupt each other's data."""
     mount = find_mount(path)
     bad = [f for f in classify(mount) if f.verdict == UNSAFE and f.within_one_mount]
-    where = f"{filesystem_name(mount)} ({mount.fstype} at {mount.mount_point})"
-    return f"{where}: {bad[0].detail} (fix: {bad[0].fix})" if bad else None
+    return f"{_where(mount)}: {bad[0].detail} (fix: {bad[0].fix})" if bad else None
 
 
 def cross_client_hazard(path: str) -> str | None:
@@ -99,4 +98,9 @@ def cross_client_hazard(path: str) -> str | None:
     if not bad:
         return None
     text = "; ".join(f"{f.detail} (fix: {f.fix})" if f.fix else f.detail for f in bad)
-    return f"{filesystem_name(mount)} ({mount.fstype} at {mount.mount_point}): {text}"
+    return f"{_where(mount)}: {text}"
+
+
+def _where(mount: Mount) -> str:
+    """The mount for a refusal: "CephFS (fuse.ceph-fuse at /mnt/a)"."""
+    return f"{filesystem_name(mount)} ({mount.fstype} at {mount.mount_point})"
