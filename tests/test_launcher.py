@@ -251,7 +251,7 @@ def test_clean_after_a_killed_launcher_leaves_only_the_documented_files(tmp_path
 def test_a_failure_is_reported_with_its_traceback_only_where_its_rank_did_not_print_it(capsys) -> None:
     """Paper cut (issue 36, 13): a failing rank's traceback was printed twice on its own node,
     by the rank and again in its launcher's summary."""
-    from fsdist.cli.run import _report
+    from fsdist.cli.run_failures import report as _report
 
     failure = {"rank": 1, "exit_code": 1, "host": "n0", "type": "RuntimeError", "message": "boom",
                "traceback": "Traceback (most recent call last):\n  ...\nRuntimeError: boom\n"}  # fmt: skip
@@ -280,7 +280,8 @@ def test_a_launcher_waiting_for_other_nodes_says_which_ones(tmp_path) -> None:
 def test_a_launcher_stopped_by_a_signal_is_named_on_the_other_nodes(capsys) -> None:
     """Paper cut (issue 36): Ctrl-C on one node was "the first failure was the launcher /
     launcher got signal 2" on the others, naming neither the node nor the signal."""
-    from fsdist.cli.run import _report, _signalled
+    from fsdist.cli.run_failures import report as _report
+    from fsdist.cli.run_failures import signalled as _signalled
     from fsdist.job.liveness import hostname
 
     _report(_signalled([signal.SIGINT], 1), "", range(0, 2))  # as node 0 prints it
@@ -424,7 +425,7 @@ def test_the_launcher_sets_one_omp_thread_per_rank_unless_told(tmp_path) -> None
 def test_when_only_consequences_were_recorded_the_report_says_so(capsys) -> None:
     """Found by a newcomer: after node 1's launcher was killed with SIGKILL, node 0 said "the first
     failure was rank 1", a rank whose own line said it stopped because another rank failed."""
-    from fsdist.cli.run import _report
+    from fsdist.cli.run_failures import report as _report
 
     failure = {"rank": 1, "exit_code": 1, "host": "n0", "type": "PeerFailedError",
                "message": "rank 1, operation #921 'all_reduce': rank 2 (pid 8680 on n1) died"}  # fmt: skip

@@ -261,7 +261,7 @@ def test_torchrun_elastic_range_reforms_when_a_node_joins_and_when_it_leaves(tmp
 
 
 def test_the_first_failure_record_keeps_root_causes_and_finality(tmp_path) -> None:
-    from fsdist.cli.run import _claim
+    from fsdist.cli.run_failures import claim as _claim
     from fsdist.files.locks import LockedRecord
 
     with LockedRecord(str(tmp_path / "abort")) as abort:

@@ -33,16 +33,17 @@ from typing import Any
 
 from ..defaults import LAUNCH_NOTE_SECONDS
 from ..errors import FsdistError, RendezvousError
-from ..files.io import open_file, publish, read_file
+from ..files.io import publish, read_file
 from ..files.locks import Counter, LockedRecord
 from ..files.trust import adopt_run_directory
 from ..files.waiting import Deadline, poll
 from ..job.clean import clean, retire_stopped
 from ..job.generation import Generation
-from ..job.liveness import hostname, is_alive
+from ..job.liveness import is_alive
 from ..job.rendezvous import rendezvous
 from ..protocol import failure_report, layout, node_ranks, rendezvous_record
 from . import ranks
+from . import run_failures as failures
 
 POLL_SECONDS = 0.1
 
@@ -190,9 +191,9 @@ def _launch(args: argparse.Namespace) -> int:
             return 128 + stop_signal[0]
         if failure.get("final") or restart == args.max_restarts:
             break
-        _report(failure, f"restarting the job (restart {restart + 1} of {args.max_restarts})", ours)
+        failures.report(failure, f"restarting the job (restart {restart + 1} of {args.max_restarts})", ours)
     assert failure is not None  # the loop returns on success
-    _report(
+    failures.report(
         failure,
         f"no restarts left ({args.max_restarts} used)" if args.max_restarts and not failure.get("final") else "",
         ours,
@@ -295,9 +296,9 @@ def _round(
             return None
         ranks.stop([rank.process for rank in started])
         if stop_signal:  # a signal during the stop ends the job everywhere, whatever failed first
-            _claim(abort, _signalled(stop_signal, node_rank))
+            failures.claim(abort, failures.signalled(stop_signal, node_rank))
         # the record as the launchers left it: a root cause may have replaced a consequence
-        return _parsed(abort.read())
+        return failures.parsed(abort.read())
     finally:
         ranks.stop([rank.process for rank in started])
         for signum, handler in handlers.items():
@@ -307,14 +308,6 @@ def _round(
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-def _signalled(stop_signal: list[int], node_rank: int) -> dict[str, Any]:
-    """The failure of a launcher stopped by a signal (Ctrl-C, a scheduler's SIGTERM): the other
-    nodes' launchers print it, so it names the node and its host."""
-    name = signal.Signals(stop_signal[0]).name
-    reason = f"the launcher of node {node_rank} (on {hostname()}), stopped by {name}"
-    return {"rank": -1, "reason": reason, "final": 1}
 
 
 def _record_round(directory: str, job: str, max_restarts: int, restart: int | None, failure: dict[str, Any]) -> None:
@@ -371,12 +364,14 @@ def _watch(
     deadline = float("inf")
     while True:
         if stop_signal:
-            return _claim(abort, _signalled(stop_signal, node_rank))
+            return failures.claim(abort, failures.signalled(stop_signal, node_rank))
         if not finished:  # own ranks first: a dead one here is a root cause, maybe not yet recorded
             codes = [(rank, rank.process.poll()) for rank in started]
-            failed = [_failure(rank, code) for rank, code in codes if code not in (None, 0)]
+            failed = [
+                failures.rank_failure(rank.rank, rank.error_file, code) for rank, code in codes if code not in (None, 0)
+            ]
             if failed:
-                return _claim(abort, min(failed, key=_causal_order))
+                return failures.claim(abort, min(failed, key=failures.causal_order))
             if all(code == 0 for _, code in codes):
                 if wait <= 0:
                     return None
@@ -385,7 +380,7 @@ def _watch(
                 done.add(1)
         recorded = abort.read()
         if recorded:
-            return _parsed(recorded)
+            return failures.parsed(recorded)
         if finished:
             count = done.get()
             if count >= nnodes:
@@ -398,80 +393,3 @@ def _watch(
                 )
                 return None
         time.sleep(POLL_SECONDS)
-
-
-def _failure(rank: Rank, code: int) -> dict[str, Any]:
-    report: dict[str, Any] = {"rank": rank.rank, "exit_code": code, "host": hostname()}
-    try:
-        fd = open_file(rank.error_file, os.O_RDONLY)
-        try:
-            report.update(failure_report.parse(os.read(fd, failure_report.MAX_BYTES + 1)))
-        finally:
-            os.close(fd)
-    except (OSError, ValueError, FsdistError):  # none written, or not one to trust
-        why = f"killed by signal {-code}" if code < 0 else "exited without a Python exception"
-        report["message"] = f"rank {rank.rank} {why} (exit code {code})"
-    return report
-
-
-_CONSEQUENCES = {"PeerFailedError", "GroupBrokenError"}
-
-
-def _causal_order(failure: dict[str, Any]) -> tuple[bool, float]:
-    """Ranks that failed *because* a peer failed come after the peer; then by time."""
-    return (failure.get("type") in _CONSEQUENCES, float(failure.get("time", 0.0)))
-
-
-def _claim(abort: LockedRecord, failure: dict[str, Any]) -> dict[str, Any]:
-    """Record ``failure`` unless another launcher recorded one first; return what is recorded.
-
-    A rank's root cause replaces a consequence recorded first (a rank that failed *because* a
-    peer died often exits before the peer's own launcher polls the dead process), and a final
-    failure (a signal) makes the recorded one final: every launcher then stops for good.
-    """
-
-    def first(old: bytes) -> bytes | None:
-        if not old:
-            return failure_report.encode(failure)
-        recorded = _parsed(old)
-        final = {"final": 1} if failure.get("final") or recorded.get("final") else {}
-        if _causal_order(recorded)[0] and not _causal_order(failure)[0] and failure.get("rank", -1) >= 0:
-            return failure_report.encode({**failure, **final})
-        if final and not recorded.get("final"):
-            return failure_report.encode({**recorded, **final})
-        return None
-
-    return _parsed(abort.update(first))
-
-
-def _parsed(recorded: bytes) -> dict[str, Any]:
-    try:
-        return failure_report.parse(recorded)
-    except ValueError as exc:  # another launcher's record, damaged: the job still failed
-        return {"rank": -1, "reason": f"the job's failure record is unreadable ({exc})"}
-
-
-def _report(failure: dict[str, Any], then: str, ours: range) -> None:
-    """Print the round's first failure. A traceback is printed only for a rank of another node:
-    this node's ranks printed theirs to this launcher's output already."""
-    launcher = failure.get("rank", -1) < 0
-    who = failure.get("reason", "a launcher") if launcher else f"rank {failure['rank']}"
-    what = "this round" if then.startswith("restarting") else "the job"
-    lines = [f"fsdist run: {what} failed; the first failure was {who}"]
-    if "exit_code" in failure:
-        lines[0] += f" (exit code {failure['exit_code']} on {failure.get('host', '?')})"
-    if failure.get("type") in _CONSEQUENCES:  # the root cause was never recorded: a node lost, say
-        lines[0] = lines[0].replace("the first failure was", "the first failure recorded was")
-        lines[0] += (
-            ", which only stopped because another rank failed; no launcher recorded that rank's own "
-            "failure (its node, or its launcher, may have been killed)"
-        )
-    if then:
-        lines[0] += f"; {then}"
-    if failure.get("type"):
-        lines.append(f"{failure['type']}: {failure.get('message', '')}")
-    elif failure.get("message") or (failure.get("reason") and not launcher):
-        lines.append(str(failure.get("message") or failure.get("reason")))
-    if failure.get("traceback") and failure.get("rank", -1) not in ours:
-        lines.append(failure["traceback"].rstrip())
-    print("\n".join(lines), file=sys.stderr, flush=True)
