@@ -1,5 +1,7 @@
 """fsdist on more real filesystems, each brought up from packages on this host, ranks split across
 two mounts ("two nodes"): ``make test-fs FS=moosefs`` (or juicefs, seaweedfs, cephfs; several: FS=a,b).
+``FSDIST_FS=mounted FSDIST_FS_STATE=DIR`` runs the same on mounts the caller made, laid out as
+below (the NFS VM's Ganesha phases: scripts/nfs-vm/guest.sh).
 
 ``scripts/fs/<fs>-up.sh STATE`` starts the filesystem and mounts it as ``STATE/<setting>/{A,B}``
 for each setting it knows, and says in ``STATE/settings`` what each setting should be:
@@ -38,14 +40,25 @@ from in_rank import training as cases_training
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "fs")
 WANTED = [f.strip() for f in os.environ.get("FSDIST_FS", "").split(",") if f.strip()]
-KNOWN = ("moosefs", "juicefs", "seaweedfs", "cephfs")
+KNOWN = ("moosefs", "juicefs", "seaweedfs", "cephfs", "mounted")
 
 pytestmark = pytest.mark.skipif(not WANTED, reason="set FSDIST_FS (make test-fs FS=moosefs|juicefs|seaweedfs|cephfs)")
+
+
+def _settings(state: str) -> dict[str, str]:
+    with open(os.path.join(state, "settings")) as listing:
+        return dict(line.split() for line in listing if line.strip())
 
 
 def _up(fs: str) -> Iterator[tuple[str, dict[str, str]]]:
     if fs not in KNOWN:
         raise ValueError(f"FSDIST_FS={fs}: one of {', '.join(KNOWN)}")
+    if fs == "mounted":  # brought up, and taken down, by the caller
+        state = os.environ.get("FSDIST_FS_STATE", "")
+        if not os.path.isfile(os.path.join(state, "settings")):
+            pytest.fail(f"FSDIST_FS=mounted: FSDIST_FS_STATE={state!r} has no settings file")
+        yield state, _settings(state)
+        return
     if os.geteuid() != 0:
         pytest.fail("make test-fs needs root (daemons, FUSE mounts)")
     state = tempfile.mkdtemp(prefix=f"fsdist-{fs}-", dir="/var/tmp")  # never under the suite's TMPDIR
@@ -54,9 +67,7 @@ def _up(fs: str) -> Iterator[tuple[str, dict[str, str]]]:
     try:
         assert up.returncode == 0, f"{fs}-up.sh failed ({up.returncode}):\n{up.stdout}\n{up.stderr}"
         print(f"\n{up.stdout.strip()} in {time.monotonic() - start:.1f} s")
-        with open(os.path.join(state, "settings")) as listing:
-            settings = dict(line.split() for line in listing if line.strip())
-        yield state, settings
+        yield state, _settings(state)
     finally:
         down = subprocess.run([os.path.join(SCRIPTS, "down.sh"), state], capture_output=True, text=True)
         assert down.returncode == 0, f"down.sh failed: {down.stderr}"

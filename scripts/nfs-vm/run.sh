@@ -20,7 +20,8 @@
 # are written in place on network filesystems). FSDIST_NFS_CHECK=ganesha runs only the NFS-Ganesha
 # phases, which every full run makes too, after the kernel's: a userspace NFS server (nfs-ganesha,
 # FSAL VFS over a tmpfs) in its own network namespace, mounted v3 (two mounts) and v4.2 (the second
-# from its own namespace), each with doctor, the 4-rank check and the RPC count (flat);
+# from its own namespace), each with doctor, the 4-rank check, tests/test_filesystems.py (what
+# make test-fs runs: collectives and DDP, kill-and-restart, bench locks, bench) and the RPC count;
 # FSDIST_NFS_GANESHA=3 or 4.2 runs only that version's Ganesha phase.
 # Result: the work folder's result.txt (also printed). ~25 minutes under software emulation (RPC count only: 11-15).
 set -euo pipefail
@@ -75,7 +76,9 @@ INIT
 chmod +x "$work/initrd/init"
 (cd "$work/initrd" && find . | busybox cpio -o -H newc 2>/dev/null | gzip -1 >"$work/initrd.gz")
 rm -f "$work/result.txt"
-timeout "${FSDIST_NFS_TIMEOUT:-2400}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 3G -smp 2 -nographic -no-reboot \
+# the VM's time limit: a full run, or Ganesha's phases with tests/test_filesystems.py, take longer
+case "$check" in all|ganesha) limit=6000;; *) limit=2400;; esac
+timeout "${FSDIST_NFS_TIMEOUT:-$limit}" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m 3G -smp 2 -nographic -no-reboot \
   -kernel "$work/k/boot/vmlinuz-$kver" -initrd "$work/initrd.gz" \
   -append "console=ttyS0 rdinit=/init panic=-1 quiet" \
   -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
