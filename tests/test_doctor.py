@@ -335,3 +335,31 @@ def test_a_rewrite_is_judged_by_the_first_read_after_it_not_by_how_long_a_lock_t
     os.link(tmp_path / "a", tmp_path / "b")
     held, _ = probes.rewrite_visibility(str(tmp_path / "a"), str(tmp_path / "b"), rounds=1)
     assert held is not None and held >= 0.1, held  # three stale reads: served old for ~0.15 s
+
+
+def test_other_tools_locks_name_what_lost_and_what_was_not_measured_apart(tmp_path, monkeypatch) -> None:
+    """A kind that lost updates is a warning with its fix; kinds left out when the row's time ran
+    out (NFS v4's polled blocking locks in the VM) are named as not measured, not as losing."""
+    from fsdist.fs import doctor
+    from fsdist.fs.contention import Contention
+
+    clock = [0.0]
+    monkeypatch.setattr(doctor.time, "monotonic", lambda: clock[0])
+
+    def contend(folders, procs, seconds, max_increments, kind):
+        clock[0] += 6.0  # two kinds use up the row's 10 s
+        lost = 3 if kind == "posix" else 0
+        return Contention(4, 0.3, 40, 40 - lost, lost, 100.0, 1.0, 2.0, 3.0, [10] * 4, 1.0, folders[0], None, kind)
+
+    monkeypatch.setattr(doctor, "contend", contend)
+    finding = doctor._other_locks(str(tmp_path), str(tmp_path), across=False)
+    assert finding.verdict == WARN
+    assert "posix 3/40 lost" in finding.detail and "safe: ofd" in finding.detail
+    assert "flock, filelock, softfilelock not measured" in finding.detail
+    assert "would lose updates" in finding.fix
+
+    clock[0] = 0.0
+    monkeypatch.setattr(doctor, "contend", lambda folders, *a, kind, **k: contend(folders, 4, 0.3, 0, "ofd"))
+    unmeasured = doctor._other_locks(str(tmp_path / "again"), str(tmp_path), across=False)
+    assert unmeasured.verdict == WARN and "not measured" in unmeasured.detail
+    assert "would lose updates" not in unmeasured.fix and "--kind all" in unmeasured.fix

@@ -303,15 +303,20 @@ def _other_locks(a: str, b: str, across: bool) -> Finding:
             f"{kind} {result.lost_updates}/{result.increments} lost" if result.lost_updates else kind
         )
     where = "across the two mounts" if across else "between processes"
-    if skipped:
-        lost.append(f"{', '.join(skipped)} not measured (the filesystem stalled the others: over "
-                    f"{_OTHER_LOCKS_SECONDS:.0f} s)")  # fmt: skip
-    if lost:
+    if lost or skipped:
+        unmeasured = (
+            [f"{', '.join(skipped)} not measured (the kinds before them used doctor's {_OTHER_LOCKS_SECONDS:.0f} s "
+             "for this row: slow locks, or slow process starts)"]
+            if skipped else []
+        )  # fmt: skip
+        fix = (
+            "tools locking those ways (filelock: flock; SoftFileLock: a lock file) would lose updates here; "
+            if lost else ""
+        )  # fmt: skip
         return Finding(
-            "other tools' locks", WARN, f"{where}: {', '.join(lost)}; safe: {', '.join(safe) or 'none'} "
+            "other tools' locks", WARN, f"{where}: {', '.join(lost + unmeasured)}; safe: {', '.join(safe) or 'none'} "
             "(fsdist's own lock is judged above)",
-            "tools locking those ways (filelock: flock; SoftFileLock: a lock file) would lose updates here: "
-            "`fsdist bench locks DIR --peer-mount DIR2 --kind all` measures them longer",
+            f"{fix}`fsdist bench locks DIR --peer-mount DIR2 --kind all` measures every kind longer",
         )  # fmt: skip
     return Finding("other tools' locks", OK, f"{where}: {', '.join(safe)} lost no update (0.3 s each)")
 
