@@ -43,7 +43,8 @@ FS ?= moosefs
 test-fs:
 	FSDIST_FS=$(FS) scripts/test.sh test_filesystems.py -s
 
-# Kernel NFS v3 and v4.2 in a QEMU VM (root; ~25 minutes of software emulation); result in
+# Kernel NFS v3 and v4.2, then NFS-Ganesha, in a QEMU VM (root; software emulation: ~25 minutes
+# for the kernel server, ~55 more for Ganesha, on a quiet host); result in
 # /var/tmp/fsdist-nfs-vm/result.txt. Needs the .venv of `make test` (the VM runs it over 9p).
 # Ends with the RPC count (NFS RPCs per small all_reduce/barrier per rank, by type);
 # `make test-nfs FSDIST_NFS_CHECK=rpc` runs only that (FSDIST_NFS_RPC_OPS: ops per loop, 200);

@@ -23,7 +23,8 @@
 # from its own namespace), each with doctor, the 4-rank check, tests/test_filesystems.py (what
 # make test-fs runs: collectives and DDP, kill-and-restart, bench locks, bench) and the RPC count;
 # FSDIST_NFS_GANESHA=3 or 4.2 runs only that version's Ganesha phase.
-# Result: the work folder's result.txt (also printed). ~25 minutes under software emulation (RPC count only: 11-15).
+# Result: the work folder's result.txt (also printed). Under software emulation, on a quiet host:
+# ~25 minutes for the kernel server, ~55 more for Ganesha (FSDIST_NFS_CHECK=ganesha alone: 53), RPC count only 11-15.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 work=${1:-/var/tmp/fsdist-nfs-vm}
