@@ -181,13 +181,16 @@ def test_ranks_on_two_bindfs_mounts_refuse_to_start(two_bindfs_mounts) -> None:
     with pytest.raises(RankError) as error:
         RankPool(2, directories=[a, b], group_timeout=20)
     text = str(error.value)
-    assert "refusing to start" in text and "bindfs without --enable-lock-forwarding" in text, text
-    assert "FSDIST_ALLOW_UNSAFE_FS=1" in text
-    assert "rank(s) [0, 1]" in text  # both ranks fail, with the same reason
+    assert "rank(s) [0, 1]" in text, text  # both ranks fail
+    # each names the mount's hazard and the override, however the race between their
+    # non-excluding locks went: refused on seeing two clients, the file read back corrupt, an
+    # entry lost to the other rank's write, or the other rank never seen (a timeout)
+    for part in text.split("--- rank ")[1:]:
+        assert "bindfs without --enable-lock-forwarding" in part and "FSDIST_ALLOW_UNSAFE_FS=1" in part, part
 
 
 def test_ranks_on_one_bindfs_mount_start_and_the_override_works(two_bindfs_mounts) -> None:
-    from harness import RankPool
+    from harness import RankError, RankPool
     from in_rank import collectives as cases_collectives
 
     a, b = two_bindfs_mounts
@@ -199,8 +202,12 @@ def test_ranks_on_one_bindfs_mount_start_and_the_override_works(two_bindfs_mount
         # not close(): FUSE keeps a file unlinked while another rank holds it open as
         # .fuse_hidden*, so the last rank's remove_tree can leave empty folders behind
         pool.kill()
-    unsafe = RankPool(2, directories=[a, b], env={"FSDIST_ALLOW_UNSAFE_FS": "1"})
-    unsafe.kill()  # it started; running on it could corrupt it, so nothing more
+    # the override: no rank refuses. The mounts may still lose a lock-guarded write as the job
+    # starts (that is what makes them unsafe); then the error says what the override cost
+    try:
+        RankPool(2, directories=[a, b], env={"FSDIST_ALLOW_UNSAFE_FS": "1"}).kill()  # started: nothing more
+    except RankError as error:
+        assert "to start anyway" not in str(error) and "refusing" not in str(error), error
 
 
 def test_bindfs_with_lock_forwarding_is_refused_even_on_one_mount(tmp_path) -> None:

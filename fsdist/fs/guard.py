@@ -24,8 +24,8 @@ from .mounts import client_key, describe_filesystem, find_mount, is_local
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "allowed", "check_members", "corrupted", "describe_client", "lock_hint", "refuse_known_multinode", "suspect",
-    "warn_of_a_shared_secret",
+    "allowed", "check_members", "corrupted", "damaged", "describe_client", "lock_hint", "refuse_known_multinode",
+    "suspect", "warn_of_a_shared_secret",
 ]  # fmt: skip
 
 #: network filesystems whose every client could read a file of the user's, root impersonating any uid
@@ -81,8 +81,19 @@ def _error(root: str, hazard: str, why: str) -> RendezvousError:
 
 def corrupted(root: str, hazard: str, path: str, exc: Exception) -> RendezvousError:
     """The rendezvous file read back corrupt on a mount known to lose lock-guarded writes."""
-    return _error(
-        root, hazard, f"the rendezvous file {path} read back corrupt ({exc}; delete it once the mount is fixed)"
+    what = f"the rendezvous file {path} read back corrupt ({exc}; delete it once the mount is fixed)"
+    return damaged(root, hazard, what)
+
+
+def damaged(root: str, hazard: str, what: str) -> RendezvousError:
+    """The rendezvous lost a write (``what``) on a mount known to lose lock-guarded writes: the
+    refusal, or where FSDIST_ALLOW_UNSAFE_FS=1 already let the job try, what that cost it."""
+    if not allowed():
+        return _error(root, hazard, what)
+    return RendezvousError(
+        f"{what}: {ENV_ALLOW_UNSAFE_FS}=1 let the job start on a mount where {hazard}, and the mount lost a "
+        f"lock-guarded write as it can. Fix the mount (python -m fsdist doctor {root} --peer-mount ... shows "
+        "what it does)"
     )
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from ..defaults import DEFAULT_TIMEOUT, RENDEZVOUS_NOTE_SECONDS
+from ..defaults import DEFAULT_TIMEOUT, ENV_ALLOW_UNSAFE_FS, RENDEZVOUS_NOTE_SECONDS
 from ..errors import RendezvousError
 from ..files.trust import adopt_run_directory
 from ..files.waiting import Deadline, poll
@@ -146,6 +146,11 @@ def rendezvous(
             write under the lock replaced it without having seen it."""
             now = state.get("generation")
             where = "no longer names" if now == generation else f"names generation {now} in place of"
+            if me["fs_hazard"]:  # the mount is known to do this across clients: say which, and the fix
+                return guard.damaged(
+                    root, me["fs_hazard"], f"rank {rank}: the rendezvous file {record.path} {where} this rank's entry "
+                    f"in generation {generation}: another rank rewrote it without seeing that write"
+                )  # fmt: skip
             return RendezvousError(
                 f"rank {rank}: the rendezvous file {record.path} {where} this rank's entry in generation "
                 f"{generation}, written under its lock: another rank rewrote it without seeing that write. On "
@@ -225,7 +230,13 @@ def rendezvous(
                 f"rank {rank}: rendezvous in {root} timed out after {deadline.seconds:.0f} s; "
                 f"{len(state.get('members', {}))} of {world_size} ranks joined "
                 f"(ranks {sorted(int(r) for r in state.get('members', {}))})"
-                + (f"; and this rank's mount is unsafe across clients: {me['fs_hazard']}" if me["fs_hazard"] else "")
+                + (
+                    f"; and this rank's mount is unsafe across clients: {me['fs_hazard']} (ranks reaching {root} "
+                    f"through several mounts or nodes lose each other's entries here; such a job is refused unless "
+                    f"{ENV_ALLOW_UNSAFE_FS}=1)"
+                    if me["fs_hazard"]
+                    else ""
+                )
                 + (
                     ""
                     if me["fs_hazard"] or is_local(root)
