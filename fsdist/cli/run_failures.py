@@ -8,13 +8,12 @@ back as a checked failure report (protocol/failure_report.py), never trusted as 
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from typing import Any
 
 from ..errors import FsdistError
-from ..files.io import open_file
+from ..files.io import read_file
 from ..files.locks import LockedRecord
 from ..job.liveness import hostname
 from ..protocol import failure_report
@@ -33,11 +32,7 @@ def rank_failure(rank: int, error_file: str, code: int) -> dict[str, Any]:
     the shared directory), else what its exit code says."""
     report: dict[str, Any] = {"rank": rank, "exit_code": code, "host": hostname()}
     try:
-        fd = open_file(error_file, os.O_RDONLY)
-        try:
-            report.update(failure_report.parse(os.read(fd, failure_report.MAX_BYTES + 1)))
-        finally:
-            os.close(fd)
+        report.update(failure_report.parse(read_file(error_file, failure_report.MAX_BYTES, "a rank's failure report")))
     except (OSError, ValueError, FsdistError):  # none written, or not one to trust
         why = f"killed by signal {-code}" if code < 0 else "exited without a Python exception"
         report["message"] = f"rank {rank} {why} (exit code {code})"
