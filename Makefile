@@ -1,5 +1,5 @@
 # Everyday commands. `make demo` and `make test` are the README's two commands.
-.PHONY: demo test test-scale test-fuzz test-restarts test-torch test-frameworks test-gluster test-fs test-nfs lint examples docs bench clean
+.PHONY: demo test test-scale test-fuzz test-restarts test-torch test-torch-versions test-frameworks test-gluster test-fs test-nfs lint examples docs bench clean
 
 demo:
 	scripts/demo.sh
@@ -27,6 +27,14 @@ test-restarts:
 # JUnit XML in torch-suite-results/; docs/torch-suite.md.
 test-torch:
 	scripts/test-torch.sh
+
+# fsdist on each tested torch release (docs/torch-versions.md): a venv per release in .venv-torch/
+# with that torch first and fsdist --no-deps, every collective x op x dtype at worlds 2 and 3, DDP
+# against Gloo, the tools, the demo, part of torch's own suite. CUDA wheels from the package index:
+# ~4 GB to download and ~5.5 GB on disk per release; ~5 min per release on 2 cores once downloaded,
+# ~25 min for the four default ones (2.7.1 2.10.0 2.14.1 2.15.0). FSDIST_TORCH_VERSIONS picks others. Table in torch-versions-results/table.md.
+test-torch-versions:
+	scripts/test-torch-versions.sh
 
 # Lightning, accelerate and the transformers Trainer on fsdist, compared bit for bit with Gloo
 # (tests/frameworks; installs the `frameworks` extra: see docs/frameworks.md for the times)
@@ -75,4 +83,4 @@ bench:
 	.venv/bin/python -m fsdist bench $(if $(shell .venv/bin/python -c "import matplotlib" 2>/dev/null && echo y),--plot)
 
 clean:
-	rm -rf .venv build dist *.egg-info
+	rm -rf .venv .venv-torch build dist *.egg-info

@@ -26,6 +26,11 @@ collect_ignore = [] if os.environ.get("FSDIST_FRAMEWORKS") == "1" else ["framewo
 if os.environ.get("FSDIST_SCALE") != "1":
     collect_ignore.append("scale")
 
+#: FSDIST_TEST_WORLDS=2,3 keeps, of the cases parametrized by world size, those of these sizes only
+#: (make test-torch-versions runs every collective at worlds 2 and 3 on each torch release); the
+#: others are reported as deselected
+WORLDS = {int(w) for w in os.environ.get("FSDIST_TEST_WORLDS", "").split(",") if w.strip()}
+
 SUITE_TMP = tempfile.mkdtemp(prefix="fsdist-suite-")
 os.environ["TMPDIR"] = SUITE_TMP  # spawned ranks inherit it
 tempfile.tempdir = SUITE_TMP
@@ -42,6 +47,18 @@ def pools() -> Iterator[Pools]:
 def pool_factory(pools: Pools):
     """``pool_factory(n)``: the session's live pool of n ranks."""
     return pools.get
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not WORLDS:
+        return
+    kept, dropped = [], []
+    for item in items:
+        world = getattr(item, "callspec", None) and item.callspec.params.get("world")
+        (dropped if world is not None and world not in WORLDS else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

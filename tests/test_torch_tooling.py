@@ -11,6 +11,8 @@ import textwrap
 
 import pytest
 
+from fsdist.c10d import compat
+
 from harness import RankPool, unshare_works
 from in_rank import tooling as cases
 
@@ -101,9 +103,47 @@ def test_init_with_device_id_takes_torchs_gpu_path() -> None:
         assert result == {"bound": "None", "backend": "fsdist", "value": [6.0] * 4, "sub_backend": "fsdist"}
 
 
+# ---- what differs between torch releases (compat.py; make test-torch-versions runs the rest) ----
+
+
+def test_the_premul_sum_factor_of_torchs_pickled_state_is_the_bound_one() -> None:
+    import torch
+    import torch.distributed as dist
+
+    for factor in (2.5, torch.tensor([3.0])):
+        op = dist._make_nccl_premul_sum(factor)
+        state = op.__getstate__()[1]  # the route of torch <= 2.10, which binds no ``factor``
+        assert float(compat.premul_sum_factor(op)) == float(op.factor) == float(state) == float(factor)
+
+
+def test_every_older_c10d_name_this_torch_binds_runs_fsdists_method() -> None:
+    import torch.distributed as dist
+
+    from fsdist.c10d.backend import ProcessGroupFsdist
+
+    bound = [older for older in compat.OLDER_METHOD_NAMES if hasattr(dist.ProcessGroup, older)]
+    assert bound, "torch's ProcessGroup binds none of the older names: is OLDER_METHOD_NAMES stale?"
+    for older in bound:
+        current = compat.OLDER_METHOD_NAMES[older]
+        assert getattr(ProcessGroupFsdist, older) is getattr(ProcessGroupFsdist, current), older
+
+
+def test_torchs_flight_recorder_hooks_no_fsdist_group() -> None:
+    import torch.distributed as dist
+
+    import fsdist  # noqa: F401 - registers
+
+    c10d = dist.distributed_c10d
+    if hasattr(c10d, "_maybe_attach_flight_recorder"):  # torch >= 2.15: every group depends on it
+        assert "fsdist" in c10d._FR_SELF_RECORDING_BACKENDS
+    else:
+        assert not hasattr(c10d, "_FR_SELF_RECORDING_BACKENDS")
+
+
 # ---- torch.distributed._dist2 -----------------------------------------------------------------
 
 
+@pytest.mark.skipif(not compat.has_dist2(), reason="this torch has no torch.distributed._dist2 (2.10-2.13 have it)")
 @pytest.mark.parametrize("outer_first", [False, True], ids=["nested-first", "world-first"])
 def test_dist2_groups_run_beside_the_world_group(outer_first: bool) -> None:
     pool = RankPool(2, init=False)

@@ -22,6 +22,12 @@ def test_ddp_with_odd_and_even_worlds(pool_factory, world: int) -> None:
     assert max(pool_factory(world).run(cases.ddp_matches_reference, "plain")) <= 1e-6
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_ddp_matches_ddp_over_gloo(pool_factory, world: int) -> None:
+    # summing two gradients is exact in either order; three may round differently in Gloo's order
+    assert max(pool_factory(world).run(cases.ddp_matches_gloo)) <= (0.0 if world == 2 else 1e-12)
+
+
 def test_fsdp2_matches_a_single_process_reference(pool_factory) -> None:
     assert max(pool_factory(4).run(cases.fsdp2_matches_reference)) <= 1e-6
 

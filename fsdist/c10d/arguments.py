@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from ..collectives.reduce_ops import ReduceKind, Reduction, check_supported
+from . import compat
 
 __all__ = [
     "Staging",
@@ -230,7 +231,7 @@ def reduction_of(reduce_op: Any, tensors: Sequence[torch.Tensor]) -> Reduction:
     reduction = _PLAIN.get(reduce_op.op)
     if reduction is None:
         kind = _KINDS[reduce_op.op]
-        factor = reduce_op.factor
+        factor = compat.premul_sum_factor(reduce_op)
         if isinstance(factor, torch.Tensor):
             factor = factor.detach().to("cpu")
         reduction = Reduction(kind, factor)

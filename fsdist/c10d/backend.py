@@ -56,6 +56,7 @@ Arguments = Callable[[Staging], tuple[Any, ...]]
 _UNTIMED = contextlib.nullcontext()  # an operation's timing when debug records are off (debug.py)
 
 
+@compat.answer_older_method_names  # c10d's older names for the same calls (torch <= 2.12, C++ callers)
 class ProcessGroupFsdist(dist.ProcessGroup):
     """A torch process group whose ranks communicate only through files in a shared directory."""
 
@@ -350,11 +351,6 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
     def barrier(self, opts: Any = None) -> FsdistWork:
         return self._submit("barrier", [], "barrier", lambda s: ())
-
-    # c10d's C++ callers (functional collectives) use these older names.
-    allgather_into_tensor_coalesced = all_gather_single_coalesced
-    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
-    alltoall_base = all_to_all_single
 
     # ---- point to point -------------------------------------------------------------------
 

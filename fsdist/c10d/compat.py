@@ -1,8 +1,18 @@
-"""Every private torch name fsdist touches, in one place: a torch upgrade changes this file only."""
+"""Every private torch name fsdist calls, and every difference between the torch releases it
+supports (docs/torch-versions.md), in one place: a torch upgrade changes this file.
+
+Each difference is decided by a feature test of the torch that is running (does the attribute
+exist), never by a try/except that could hide a failure. Two kinds of private name live
+elsewhere, where they must: the c10d method names fsdist *answers* (``_device_types``,
+``_get_backend`` and every collective's name) are the table of ProcessGroupFsdist in backend.py,
+which takes the older names from ``OLDER_METHOD_NAMES`` here; ``torch.jit._fork``/``_wait`` sit
+in continuation.py, which TorchScript compiles.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import itertools
 import logging
 import warnings
@@ -109,17 +119,73 @@ def disable_shaped_records() -> None:
     _CONTINUATION[:] = [None]
 
 
-# ---- torch.distributed._dist2 (experimental in torch) ---------------------------------------
+# ---- what differs between torch releases ----------------------------------------------------
+
+#: c10d's older names for entry points that backend.py implements under today's names
+#: (older -> today's). torch <= 2.12 calls the older ones from Python (``all_gather_into_tensor``
+#: calls ``_allgather_base``, the coalescing manager ``allgather_into_tensor_coalesced``); every
+#: release's C++ callers (functional collectives) still use some. A name this torch's
+#: ProcessGroup does not bind is never called, and is not added.
+OLDER_METHOD_NAMES = {
+    "_allgather_base": "all_gather_single",
+    "_reduce_scatter_base": "reduce_scatter_single",
+    "allgather_into_tensor_coalesced": "all_gather_single_coalesced",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter_single_coalesced",
+    "alltoall_base": "all_to_all_single",
+}
+
+
+def answer_older_method_names(cls: type) -> type:
+    """Class decorator: ``cls`` answers each of ``OLDER_METHOD_NAMES`` that this torch's
+    ProcessGroup binds, with the method of today's name. (Unanswered, c10d's own C++ method runs
+    and fails with the misleading "No backend type associated with device type cpu".)"""
+    for older, current in OLDER_METHOD_NAMES.items():
+        if hasattr(dist.ProcessGroup, older):
+            setattr(cls, older, getattr(cls, current))
+    return cls
+
+
+def premul_sum_factor(reduce_op: dist.ReduceOp) -> float | torch.Tensor:
+    """The factor of a ``PREMUL_SUM`` ReduceOp (``dist._make_nccl_premul_sum(f)``).
+
+    Newer torch binds it as ``ReduceOp.factor``; 2.10 and older keep it only in the op's pickled
+    state, ``(op, factor)``, which is how c10d itself copies a ReduceOp."""
+    if hasattr(reduce_op, "factor"):
+        return reduce_op.factor
+    _op, factor = reduce_op.__getstate__()  # type: ignore[attr-defined, unused-ignore]
+    return factor
+
+
+def tell_flight_recorder_not_to_hook(name: str) -> None:
+    """Have torch (>= 2.15) attach no flight-recorder hook to groups of backend ``name``.
+
+    torch's flight recorder records a backend that does not record itself through pre/post hooks
+    that run inside c10d's C++ ProcessGroup methods, around the C++ Backend they dispatch to. A
+    Python backend cannot be a C++ Backend (it must subclass ProcessGroup, TORCH_API.md), and it
+    overrides those very methods, so a hook on its group would never run; worse, attaching one
+    fails ("Could not find the default backend type 0"), and with it every group. torch offers no
+    Python call that adds an entry to a recorder, so fsdist keeps its own record of each rank's
+    operations (FSDIST_DEBUG, docs/debugging.md) and names itself among the backends torch leaves
+    alone: those that record themselves, and those with nothing for a hook to record."""
+    c10d = dist.distributed_c10d
+    if hasattr(c10d, "_maybe_attach_flight_recorder"):
+        c10d._FR_SELF_RECORDING_BACKENDS.add(name)  # type: ignore[attr-defined, unused-ignore]
 
 
 def register_dist2(name: str, factory: Callable[..., Any]) -> None:
-    """Register ``factory`` with ``torch.distributed._dist2`` once (a torch without it: nothing)."""
-    try:
-        dist2 = importlib.import_module("torch.distributed._dist2")
-    except ImportError:
+    """Register ``factory`` with ``torch.distributed._dist2`` once: torch's experimental group
+    API, in torch 2.10 to 2.13 of the releases tested (2.7 and 2.8 have none, 2.14 removed it; there,
+    nothing to register with)."""
+    if not has_dist2():
         return
+    dist2 = importlib.import_module("torch.distributed._dist2")
     if name not in dist2._BACKENDS:
         dist2.register_backend(name, factory)
+
+
+def has_dist2() -> bool:
+    """Whether this torch has ``torch.distributed._dist2`` (2.10 to 2.13)."""
+    return importlib.util.find_spec("torch.distributed._dist2") is not None
 
 
 def backend_options(store: dist.Store, rank: int, size: int, timeout: Any, group_id: str) -> Any:

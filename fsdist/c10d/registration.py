@@ -33,6 +33,7 @@ def register() -> None:
 def _register_backend() -> None:
     if not compat.backend_registered(BACKEND_NAME):
         dist.Backend.register_backend(BACKEND_NAME, create_process_group, extended_api=True, devices=list(DEVICES))
+    compat.tell_flight_recorder_not_to_hook(BACKEND_NAME)
     if not compat.rendezvous_registered(BACKEND_NAME):
         compat.register_rendezvous(BACKEND_NAME, fsdist_rendezvous_handler)
     compat.wrap_rendezvous("env", env_handler)  # env:// meets through FSDIST_DIR where it is set

@@ -67,6 +67,29 @@ def ddp_matches_reference(variant: str) -> float:
     return max((p.detach() - r).abs().max().item() for p, r in zip(ddp.module.parameters(), ref, strict=True))
 
 
+def ddp_matches_gloo() -> float:
+    """Max abs difference between the parameters of DDP over fsdist (the world group) and over
+    Gloo (a group of every rank beside it), after the same 20 steps of the same data."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    gloo = dist.new_group(backend="gloo")
+    trained = []
+    try:
+        for group in (dist.group.WORLD, gloo):
+            ddp = DistributedDataParallel(_model(), process_group=group, bucket_cap_mb=0.0001)
+            opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+            for step in range(STEPS):
+                x, y = _batch(step, dist.get_rank())
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(ddp(x), y).backward()
+                opt.step()
+            trained.append([p.detach() for p in ddp.module.parameters()])
+    finally:
+        dist.destroy_process_group(gloo)
+    fsdist, by_gloo = trained
+    return max((a - b).abs().max().item() for a, b in zip(fsdist, by_gloo, strict=True))
+
+
 def _bf16_compress_on_cpu(
     process_group: dist.ProcessGroup, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
