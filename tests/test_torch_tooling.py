@@ -116,15 +116,13 @@ def test_the_premul_sum_factor_of_torchs_pickled_state_is_the_bound_one() -> Non
         assert float(compat.premul_sum_factor(op)) == float(op.factor) == float(state) == float(factor)
 
 
-def test_every_older_c10d_name_this_torch_binds_runs_fsdists_method() -> None:
+def test_every_older_c10d_name_runs_fsdists_method() -> None:
     import torch.distributed as dist
 
     from fsdist.c10d.backend import ProcessGroupFsdist
 
-    bound = [older for older in compat.OLDER_METHOD_NAMES if hasattr(dist.ProcessGroup, older)]
-    assert bound, "torch's ProcessGroup binds none of the older names: is OLDER_METHOD_NAMES stale?"
-    for older in bound:
-        current = compat.OLDER_METHOD_NAMES[older]
+    for older, current in compat.OLDER_METHOD_NAMES.items():
+        assert hasattr(dist.ProcessGroup, older), f"this torch binds no {older}: is OLDER_METHOD_NAMES stale?"
         assert getattr(ProcessGroupFsdist, older) is getattr(ProcessGroupFsdist, current), older
 
 

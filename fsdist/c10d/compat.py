@@ -124,8 +124,8 @@ def disable_shaped_records() -> None:
 #: c10d's older names for entry points that backend.py implements under today's names
 #: (older -> today's). torch <= 2.12 calls the older ones from Python (``all_gather_into_tensor``
 #: calls ``_allgather_base``, the coalescing manager ``allgather_into_tensor_coalesced``); every
-#: release's C++ callers (functional collectives) still use some. A name this torch's
-#: ProcessGroup does not bind is never called, and is not added.
+#: release's C++ callers (functional collectives) still use some. Every tested release binds all
+#: five; each is answered even where one is not, since the C++ side may still look it up by name.
 OLDER_METHOD_NAMES = {
     "_allgather_base": "all_gather_single",
     "_reduce_scatter_base": "reduce_scatter_single",
@@ -136,12 +136,11 @@ OLDER_METHOD_NAMES = {
 
 
 def answer_older_method_names(cls: type) -> type:
-    """Class decorator: ``cls`` answers each of ``OLDER_METHOD_NAMES`` that this torch's
-    ProcessGroup binds, with the method of today's name. (Unanswered, c10d's own C++ method runs
-    and fails with the misleading "No backend type associated with device type cpu".)"""
+    """Class decorator: ``cls`` answers each of ``OLDER_METHOD_NAMES`` with the method of today's
+    name. (Unanswered, c10d's own C++ method runs and fails with the misleading "No backend type
+    associated with device type cpu".)"""
     for older, current in OLDER_METHOD_NAMES.items():
-        if hasattr(dist.ProcessGroup, older):
-            setattr(cls, older, getattr(cls, current))
+        setattr(cls, older, getattr(cls, current))
     return cls
 
 
