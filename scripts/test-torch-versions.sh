@@ -46,13 +46,12 @@ for release in $releases; do
   venv=$venvs/$release
   log=$out/$release.log
   echo "== torch $release (venv: $venv, log: $log)"
-  [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   py=$venv/bin/python
-  {
-    "$py" -m pip install -q "torch==$release" "${test_deps[@]}"
-    "$py" -m pip install -q --force-reinstall --no-deps "$wheel"
-  } >"$log" 2>&1 || { echo "   install failed: see $log"; rows+=("| $release | install failed (see $log) |"); status=1; continue; }
-  before=$("$py" -c "import torch; print(torch.__version__)" 2>/dev/null)
+  if ! { { [ -x "$py" ] || python3 -m venv "$venv"; } && "$py" -m pip install -q "torch==$release" "${test_deps[@]}" &&
+    "$py" -m pip install -q --force-reinstall --no-deps "$wheel"; } >"$log" 2>&1; then
+    echo "   install failed: see $log"; rows+=("| $release | install failed (see $log) |"); status=1; continue
+  fi
+  before=$("$py" -c "import torch; print(torch.__version__)" 2>>"$log") || before="$release (import torch failed)"
   # the dependency fsdist declares must accept the torch the user has: pip would change nothing
   # (asked first with --dry-run, so that a failing check downloads no other torch)
   install="unchanged"
@@ -71,11 +70,14 @@ for release in $releases; do
   "$py" "$repo/examples/demo.py" >>"$log" 2>&1 || { demo="FAIL"; status=1; }
   echo "   demo (4 ranks, collectives + DDP): $demo"
   result=0
+  rm -f "$out/$release.xml"
   (cd "$repo/tests" && FSDIST_TEST_WORLDS=2,3 "$py" -m pytest -p no:cacheprovider -q -rfE \
     --junitxml="$out/$release.xml" "${selection[@]}" "$@") >>"$log" 2>&1 || result=$?
   [ "$result" = 0 ] || status=1
   tail -n 1 "$log"
-  rows+=("$("$py" "$repo/scripts/torch_versions_report.py" row "$before" "$install" "$demo" "$out/$release.xml")")
+  row=$("$py" "$repo/scripts/torch_versions_report.py" row "$before" "$install" "$demo" "$out/$release.xml") ||
+    row="| $before | torch $install | $demo | no test results (see $log) |"
+  rows+=("$row")
 done
 {
   python3 "$repo/scripts/torch_versions_report.py" header

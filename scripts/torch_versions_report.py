@@ -24,7 +24,8 @@ def counts(path: str) -> dict[str, Counter[str]]:
     """Outcomes (passed, failed, skipped, xfailed) per check."""
     by_check: dict[str, Counter[str]] = {check: Counter() for check in CHECKS}
     for case in ET.parse(path).getroot().iter("testcase"):
-        module = case.get("classname", "").removeprefix("tests.").split(".")[0]  # (pytest's rootdir is the repo)
+        # (pytest's rootdir is the repo; a module that failed to import has only a name)
+        module = (case.get("classname") or case.get("name", "")).removeprefix("tests.").split(".")[0]
         check = by_check.get(module)
         if check is None:
             continue

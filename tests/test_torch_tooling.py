@@ -106,14 +106,16 @@ def test_init_with_device_id_takes_torchs_gpu_path() -> None:
 # ---- what differs between torch releases (compat.py; make test-torch-versions runs the rest) ----
 
 
-def test_the_premul_sum_factor_of_torchs_pickled_state_is_the_bound_one() -> None:
+def test_the_premul_sum_factor_is_read_on_every_release() -> None:
     import torch
     import torch.distributed as dist
 
     for factor in (2.5, torch.tensor([3.0])):
         op = dist._make_nccl_premul_sum(factor)
         state = op.__getstate__()[1]  # the route of torch <= 2.10, which binds no ``factor``
-        assert float(compat.premul_sum_factor(op)) == float(op.factor) == float(state) == float(factor)
+        assert float(compat.premul_sum_factor(op)) == float(state) == float(factor)
+        if hasattr(op, "factor"):
+            assert float(op.factor) == float(factor)
 
 
 def test_every_older_c10d_name_runs_fsdists_method() -> None:
@@ -134,8 +136,6 @@ def test_torchs_flight_recorder_hooks_no_fsdist_group() -> None:
     c10d = dist.distributed_c10d
     if hasattr(c10d, "_maybe_attach_flight_recorder"):  # torch >= 2.15: every group depends on it
         assert "fsdist" in c10d._FR_SELF_RECORDING_BACKENDS
-    else:
-        assert not hasattr(c10d, "_FR_SELF_RECORDING_BACKENDS")
 
 
 # ---- torch.distributed._dist2 -----------------------------------------------------------------

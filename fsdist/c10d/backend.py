@@ -131,6 +131,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             raise RuntimeError(f"No backend type associated with device type {kind}")  # c10d's words
         return self
 
+    get_backend = _get_backend  # torch >= 2.14's public name (``dist.get_backend_impl``)
+
     # ---- running operations ---------------------------------------------------------------
 
     def _submit(
@@ -275,6 +277,26 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return self._submit(
             desc, list(outputs), "gather", lambda s: ([s.output(o) for o in outputs], s.input(tensor), root), [tensor]
         )
+
+    def gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> FsdistWork:
+        """``dist.gather_single``/``gather_into_tensor`` (torch >= 2.14): the root's ``output``
+        holds every rank's ``tensor`` in rank order; elsewhere torch passes an empty placeholder."""
+        opts = args.options(opts, dist.GatherOptions)
+        root = args.root(opts.rootRank, self.size())
+        is_root = self.rank() == root
+        if is_root and (output.numel() != tensor.numel() * self.size() or output.dtype != tensor.dtype):
+            raise ValueError(f"gather_single: output must hold {self.size()} × input ({tensor.numel()} {tensor.dtype})")
+
+        def arguments(s: Staging) -> tuple[Any, ...]:
+            outputs: list[torch.Tensor] = []
+            if is_root and tensor.numel():
+                outputs = [piece.view(tensor.shape) for piece in s.output(output).view(-1).chunk(self.size())]
+            elif is_root:
+                outputs = [tensor.new_empty(tensor.shape) for _ in range(self.size())]
+            return outputs, s.input(tensor), root
+
+        desc = describe("gather", [tensor], root=root)  # the list form's: the same operation
+        return self._submit(desc, [output] if is_root else [], "gather", arguments, [tensor])
 
     def scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any = None) -> FsdistWork:
         outputs, input_lists, opts = args.scatter(outputs, input_lists, opts)

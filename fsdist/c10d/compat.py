@@ -166,9 +166,9 @@ def tell_flight_recorder_not_to_hook(name: str) -> None:
     Python call that adds an entry to a recorder, so fsdist keeps its own record of each rank's
     operations (FSDIST_DEBUG, docs/debugging.md) and names itself among the backends torch leaves
     alone: those that record themselves, and those with nothing for a hook to record."""
-    c10d = dist.distributed_c10d
-    if hasattr(c10d, "_maybe_attach_flight_recorder"):
-        c10d._FR_SELF_RECORDING_BACKENDS.add(name)  # type: ignore[attr-defined, unused-ignore]
+    recording = vars(dist.distributed_c10d).get("_FR_SELF_RECORDING_BACKENDS")
+    if recording is not None:
+        recording.add(name)
 
 
 def register_dist2(name: str, factory: Callable[..., Any]) -> None:

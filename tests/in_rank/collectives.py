@@ -246,7 +246,31 @@ def gather(dtype_name: str) -> Result:
                 return [work], lambda: [(f"[{r}]", outputs[r], inputs[r]) for r in range(world)]
 
             _run_trials(f"root={root} {label}", issue, result)
+
+            def issue_single(seed: int, async_op: bool, shape=shape, noncontig=noncontig, root=root) -> Any:
+                inputs = [_shape_input(seed, r, shape, noncontig, dtype) for r in range(world)]
+                output = torch.zeros((world, *shape), dtype=dtype) if rank == root else None
+                work = _gather_single(inputs[rank], output, root, async_op)
+                if rank != root:
+                    return [work], lambda: []
+                return [work], lambda: [(f"[{r}]", output[r], inputs[r]) for r in range(world)]
+
+            _run_trials(f"gather_single root={root} {label}", issue_single, result)
     return result
+
+
+def _gather_single(tensor: torch.Tensor, output: torch.Tensor | None, root: int, async_op: bool) -> Any:
+    """torch >= 2.14's ``dist.gather_into_tensor``; on an older torch, which has no such call, the
+    group's method that it calls, called directly."""
+    if hasattr(dist, "gather_into_tensor"):
+        return dist.gather_into_tensor(tensor, output, dst=root, async_op=async_op)
+    opts = dist.GatherOptions()
+    opts.rootRank = root
+    work = dist.group.WORLD.gather_single(output if output is not None else tensor.new_empty(0), tensor, opts)
+    if async_op:
+        return work
+    work.wait()
+    return None
 
 
 def scatter(dtype_name: str) -> Result:
