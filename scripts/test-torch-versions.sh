@@ -75,8 +75,8 @@ for release in $releases; do
     --junitxml="$out/$release.xml" "${selection[@]}" "$@") >>"$log" 2>&1 || result=$?
   [ "$result" = 0 ] || status=1
   tail -n 1 "$log"
-  row=$("$py" "$repo/scripts/torch_versions_report.py" row "$before" "$install" "$demo" "$out/$release.xml") ||
-    row="| $before | torch $install | $demo | no test results (see $log) |"
+  row=$("$py" "$repo/scripts/torch_versions_report.py" row "$before" "$install" "$demo" "$result" "$out/$release.xml") ||
+    row="| $before | torch $install | $demo | $result | no test results (see $log) |"
   rows+=("$row")
 done
 {

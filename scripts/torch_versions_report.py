@@ -1,7 +1,7 @@
 """One row of make test-torch-versions' table: a release's pass counts per check, from JUnit XML.
 
-python scripts/torch_versions_report.py header
-python scripts/torch_versions_report.py row TORCH INSTALL DEMO RESULTS.xml
+    python scripts/torch_versions_report.py header
+    python scripts/torch_versions_report.py row TORCH INSTALL DEMO PYTEST_EXIT RESULTS.xml
 """
 
 from __future__ import annotations
@@ -51,12 +51,14 @@ def cell(outcomes: Counter[str]) -> str:
 
 def main(argv: list[str]) -> None:
     if argv[0] == "header":
-        print("| torch | pip install of fsdist | demo | " + " | ".join(CHECKS.values()) + " |")
-        print("|---" * (3 + len(CHECKS)) + "|")
+        # pytest's exit status also counts what no single test shows (the suite's hygiene checks)
+        print("| torch | pip install of fsdist | demo | pytest exit | " + " | ".join(CHECKS.values()) + " |")
+        print("|---" * (4 + len(CHECKS)) + "|")
         return
-    _, torch_version, install, demo, path = argv
+    _, torch_version, install, demo, exit_status, path = argv
     cells = [cell(outcomes) for outcomes in counts(path).values()]
-    print(f"| {torch_version} | torch {install} | {demo} | " + " | ".join(cells) + " |")
+    status = exit_status if exit_status == "0" else f"**{exit_status}**"
+    print(f"| {torch_version} | torch {install} | {demo} | {status} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -334,6 +334,12 @@ def _exit_now() -> None:
     """
     sys.stdout.flush()
     sys.stderr.flush()
+    # torch <= 2.7 holds a folder from the import of torch.distributed.nn.jit until a finalizer
+    # at exit, which os._exit skips: remove it as that finalizer would
+    instantiator = sys.modules.get("torch.distributed.nn.jit.instantiator")
+    held = getattr(instantiator, "_TEMP_DIR", None)
+    if held is not None:
+        held.cleanup()
     if "coverage" in sys.modules:
         import coverage
 
