@@ -61,6 +61,10 @@ _FORMAT = 1
 #: The generation this process joined through a torch store for its world group (subgroups
 #: created on that store find it here), until it is left.
 _JOINED: list[Generation] = []
+#: stores of failed rendezvous, kept for the process's life: rank 0 serves a TCPStore and may fail
+#: first, and past ``linger``'s grace dropping the store would close it under peers still reading
+#: it (a loaded machine: they got a network error instead of the same refusal)
+_REFUSED_STORES: list[dist.Store] = []
 
 
 def joined() -> Generation | None:
@@ -133,6 +137,7 @@ def join_through_store(
         if rank == 0 and generation is not None:
             withdraw(generation)
         ex.linger()
+        _REFUSED_STORES.append(inner)
         raise
     if subdir is None:
         _JOINED.append(generation)
