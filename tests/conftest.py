@@ -10,13 +10,12 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
-import sys
 import tempfile
 from collections.abc import Iterator
 
 import pytest
 
-from harness import Pools, RankPool
+from harness import Pools, RankPool, torchs_import_folder
 
 # tests/frameworks needs Lightning, accelerate and transformers (the `frameworks` extra): only
 # `make test-frameworks` runs it, setting FSDIST_FRAMEWORKS=1 (its conftest then fails the session
@@ -71,9 +70,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             proc.kill()
     # pytest's own tmp_path tree, and torch's compile cache (torch writes it to TMPDIR)
     ours = ("pytest-of-", "torchinductor_")
-    # torch <= 2.7 makes a folder at import of torch.distributed.nn.jit, removed at interpreter exit
-    instantiator = sys.modules.get("torch.distributed.nn.jit.instantiator")
-    held = getattr(instantiator, "_TEMP_DIR", None)
+    held = torchs_import_folder()  # torch's, removed at this interpreter's exit
     torchs = {os.path.basename(held.name)} if held is not None else set()
     leftovers = sorted(n for n in os.listdir(SUITE_TMP) if not n.startswith(ours) and n not in torchs)
     if leftovers:

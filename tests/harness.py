@@ -323,6 +323,13 @@ def _rank_main(
         sys.stdout.flush()
 
 
+def torchs_import_folder() -> Any:
+    """The TemporaryDirectory torch <= 2.7 makes at the import of torch.distributed.nn.jit and
+    removes only at interpreter exit (None where this process has none)."""
+    instantiator = sys.modules.get("torch.distributed.nn.jit.instantiator")
+    return getattr(instantiator, "_TEMP_DIR", None)
+
+
 def _exit_now() -> None:
     """End a rank whose pool's group is destroyed without finalising the interpreter.
 
@@ -334,10 +341,7 @@ def _exit_now() -> None:
     """
     sys.stdout.flush()
     sys.stderr.flush()
-    # torch <= 2.7 holds a folder from the import of torch.distributed.nn.jit until a finalizer
-    # at exit, which os._exit skips: remove it as that finalizer would
-    instantiator = sys.modules.get("torch.distributed.nn.jit.instantiator")
-    held = getattr(instantiator, "_TEMP_DIR", None)
+    held = torchs_import_folder()  # (its finalizer at exit is what os._exit skips)
     if held is not None:
         held.cleanup()
     if "coverage" in sys.modules:
