@@ -475,7 +475,7 @@ def _run_directory(directory: str) -> object:
 
 
 def _node_folder(directory: str) -> object:
-    from fsdist.files.trust import node_directory
+    from fsdist.files.places import node_directory
 
     os.environ["FSDIST_LOCAL_DIR"] = directory
     return node_directory()

@@ -1,4 +1,4 @@
-"""torch rendezvous handlers: ``fsdist://`` and a port-free ``env://``.
+"""torch rendezvous handlers: ``fsdist://``, a port-free ``env://``, and a checked ``file://``.
 
 ``fsdist://DIR`` forms the job in the directory (rendezvous.py) and hands torch a
 DirectoryStore. ``env://`` is torch's default when ``init_process_group`` gets no init_method:
@@ -10,25 +10,38 @@ torchrun runs unchanged without a port. ``FSDIST_ENV_INIT=torch`` restores torch
 Wherever torch's handler does run, ``MASTER_PORT=0`` with several ranks fails at once: no peer
 can find a port chosen by the kernel (torchrun's fsdist rendezvous advertises port 0 because it
 serves no store), and torch would retry the connection for the whole timeout.
+
+``file://PATH`` stays torch's FileStore, but for an fsdist group its file is first made this
+user's (``O_EXCL``, mode 0600), or the one in place checked, in a folder nobody else can change:
+in a shared sticky folder such as /tmp another user could otherwise create the file first, and
+hold its lock so that every rank hangs in torch's constructor, or read the store.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import urllib.parse
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import torch.distributed as dist
+
 from ..defaults import DEFAULT_TIMEOUT, ENV_DIR, ENV_ENV_INIT
 from ..errors import RendezvousError
-from ..files.trust import resolve_directory
+from ..files.foreign_mounts import check_descriptor_mount
+from ..files.places import resolve_place
+from ..files.trust import OPEN_FLAGS, check_open, refusal, sharing
 from ..job.generation import Generation, in_use_here
 from ..job.rendezvous import rendezvous
 from ..protocol import layout
 from .store import DirectoryStore
 
-__all__ = ["env_handler", "fsdist_rendezvous_handler", "open_store", "parse_url", "serves_env_init"]
+__all__ = [
+    "env_handler", "file_handler", "fsdist_rendezvous_handler", "guard_file_store", "open_store", "parse_url",
+    "serves_env_init",
+]  # fmt: skip
 
 #: c10d keeps only the C++ half of a Python store alive: the Python half of every store handed
 #: to torch is held here until its generation is left.
@@ -71,7 +84,7 @@ def _first_int(*candidates: str | None, what: str) -> int:
 def fsdist_rendezvous_handler(url: str, timeout: timedelta = DEFAULT_TIMEOUT, **_: Any) -> Iterator[Any]:
     """torch's rendezvous-handler protocol for ``init_method="fsdist://..."``."""
     root, rank, world_size = parse_url(url)
-    running = in_use_here(resolve_directory(root))
+    running = in_use_here(resolve_place(root))
     if running:  # a second job of this process (torch's _dist2 meets through env:// per group)
         generation = rendezvous(running[-1].nested_root(), rank, world_size, timeout)
         generation.owns_root = True  # inside the running generation's folder: removed with it too
@@ -122,3 +135,60 @@ def _with_hint(inner: Iterator[Any]) -> Iterator[Any]:
         raise
     yield first
     yield from inner
+
+
+FIX_FILE_STORE = (
+    "Keep torch's FileStore file in a folder of your own (file:///tmp/<a folder of yours>/initfile), "
+    "or meet with fsdist:///<dir>, which needs no file of torch's"
+)
+
+
+def file_handler(torch_handler: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    """torch's ``file://`` handler, its file made safe first for a group of fsdist's (the module
+    docstring); other backends' groups are left exactly as torch makes them."""
+
+    def file_rendezvous_handler(url: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        path = urllib.parse.urlparse(url).path
+        if path and _initializing_fsdist():
+            guard_file_store(path)
+        return torch_handler(url, *args, **kwargs)
+
+    return file_rendezvous_handler
+
+
+def guard_file_store(path: str) -> str:
+    """Make the FileStore file ``path`` this user's (or the named group's) before torch opens it:
+    created exclusively, or, where it exists, refused unless it is a file of this user's nobody
+    else can write, in a place nothing untrusted stands on the way to (files/places.py)."""
+    resolved = resolve_place(path, FIX_FILE_STORE)
+    share = sharing()
+    try:
+        fd = os.open(resolved, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, share.file_mode)
+        os.fchmod(fd, share.file_mode)  # whatever the umask
+        if share.gid is not None:
+            os.fchown(fd, -1, share.gid)
+    except FileExistsError:
+        try:
+            fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | OPEN_FLAGS)
+        except OSError as exc:
+            raise refusal(resolved, "file", exc, FIX_FILE_STORE) from None
+    try:
+        check_open(fd, resolved, "file", FIX_FILE_STORE)
+        check_descriptor_mount(fd, resolved, share.trusts, FIX_FILE_STORE)
+    finally:
+        os.close(fd)
+    return resolved
+
+
+def _initializing_fsdist() -> bool:
+    """Whether the rendezvous is one ``init_process_group`` runs for an fsdist group (torch hands
+    a handler no backend: it is read from the caller's frame, or torch's default where none is named)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "init_process_group" and "backend" in frame.f_locals:
+            backend = frame.f_locals["backend"]
+            if backend is None:
+                backend = getattr(dist.Backend, "default_device_backend_map", {}).get("cpu", "")
+            return "fsdist" in str(backend).lower()
+        frame = frame.f_back  # type: ignore[assignment]
+    return False

@@ -19,7 +19,7 @@ from .. import collectives as coll
 from ..collectives import hierarchical as hier
 from ..defaults import ENV_ALGO, ENV_IO, ENV_LOCAL_DIR, ENV_NODE_ID, local_dir
 from ..files.direct import io_setting
-from ..files.trust import node_directory
+from ..files.places import node_directory
 from ..job.generation import Generation
 from ..job.io_choice import choose_records
 from ..job.liveness import PeerWatch

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from ..defaults import BACKEND_NAME, DEVICES, ENV_DEFAULT_FOR
 from . import compat
 from .backend import ProcessGroupFsdist, create_process_group
-from .init_methods import env_handler, fsdist_rendezvous_handler
+from .init_methods import env_handler, file_handler, fsdist_rendezvous_handler
 
 __all__ = ["BACKEND_NAME", "make_default", "register"]
 
@@ -37,6 +37,7 @@ def _register_backend() -> None:
     if not compat.rendezvous_registered(BACKEND_NAME):
         compat.register_rendezvous(BACKEND_NAME, fsdist_rendezvous_handler)
     compat.wrap_rendezvous("env", env_handler)  # env:// meets through FSDIST_DIR where it is set
+    compat.wrap_rendezvous("file", file_handler)  # file://: its file made the user's first, for fsdist groups
     compat.register_dist2(BACKEND_NAME, dist2_group)
 
 

@@ -43,7 +43,8 @@ import torch.distributed as dist
 from ..defaults import ENV_DIR, SHARED_DIR_GRACE_SECONDS
 from ..errors import FsdistError, RendezvousError
 from ..files.io import remove_tree
-from ..files.trust import make_private_dir, node_directory, resolve_directory
+from ..files.places import node_directory, resolve_place
+from ..files.trust import make_private_dir
 from ..files.waiting import Deadline, poll
 from ..fs import guard
 from ..job.claim import claim, confirm, withdraw
@@ -209,11 +210,11 @@ class _Exchange:
 def _run_directory(store: dist.Store) -> tuple[str | None, bool]:
     """This rank's run directory, and whether it exists for this job alone (see the docstring)."""
     if os.environ.get(ENV_DIR):
-        return resolve_directory(os.environ[ENV_DIR]), False
+        return resolve_place(os.environ[ENV_DIR]), False
     if isinstance(store, dist.FileStore):
-        return resolve_directory(store.path) + ".fsdist", True  # type: ignore[attr-defined]  # stub lacks it
+        return resolve_place(store.path) + ".fsdist", True  # type: ignore[attr-defined]  # stub lacks it
     if isinstance(store, DirectoryStore):
-        return resolve_directory(store.directory) + ".fsdist", True
+        return resolve_place(store.directory) + ".fsdist", True
     return None, False
 
 

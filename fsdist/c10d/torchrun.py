@@ -37,7 +37,7 @@ from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousIn
 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
 from ..defaults import ENV_DIR
-from ..files.trust import adopt_run_directory
+from ..files.places import adopt_run_directory
 from ..job.clean import retire_stopped
 from ..job.generation import Generation
 from ..job.rendezvous import membership_changes, rendezvous

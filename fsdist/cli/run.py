@@ -35,7 +35,7 @@ from ..defaults import LAUNCH_NOTE_SECONDS
 from ..errors import FsdistError, RendezvousError
 from ..files.io import publish, read_file
 from ..files.locks import Counter, LockedRecord
-from ..files.trust import adopt_run_directory
+from ..files.places import adopt_run_directory
 from ..files.waiting import Deadline, poll
 from ..job.clean import clean, retire_stopped
 from ..job.generation import Generation

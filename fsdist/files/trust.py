@@ -10,9 +10,8 @@ the two; an open descriptor cannot. What fsdist makes itself it makes with ``O_E
 adopts by accident. (The anchors: OpenSSH's ``StrictModes``, ssh-agent's private socket
 directory, systemd's ``/run/user/$UID``.)
 
-Above the run directory the rule is the kernel's ``protected_symlinks``: a symbolic link on the
-way must be this user's or root's, and no directory on the way may be writable by everyone
-without the sticky bit (anyone could swap what lies below it; ``/tmp``, sticky, is fine).
+Where a run directory, node folder or secret lies, and what may stand on the way to it, is
+files/places.py's part.
 """
 
 from __future__ import annotations
@@ -25,10 +24,10 @@ import os
 import pwd
 import stat
 import time
-from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..defaults import ENV_GROUP, ENV_GROUP_ACCESS, local_dir
+from ..defaults import ENV_GROUP, ENV_GROUP_ACCESS
 from ..errors import FsdistError, ProtocolError, UntrustedPathError
 
 _log = logging.getLogger(__name__)
@@ -36,17 +35,14 @@ _log = logging.getLogger(__name__)
 __all__ = [
     "OPEN_FLAGS",
     "Sharing",
-    "adopt_run_directory",
     "check_open",
     "check_stat",
     "describe",
-    "existing_node_directory",
     "make_private_dir",
-    "node_directory",
     "refusal",
-    "resolve_directory",
     "sharing",
     "size_checked",
+    "user_name",
 ]
 
 #: O_NOFOLLOW: a symlink planted in the shared directory must never redirect our reads or writes.
@@ -56,15 +52,10 @@ _KINDS = {
     stat.S_IFDIR: "directory", stat.S_IFREG: "file", stat.S_IFIFO: "FIFO", stat.S_IFLNK: "symbolic link",
     stat.S_IFSOCK: "socket", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
 }  # fmt: skip
-_MAX_LINKS = 40  # as the kernel's ELOOP limit
 #: The advice under a refusal: what to do about something found in fsdist's place.
 FIX_INSIDE = (
     "fsdist adopts only what this user (or the group FSDIST_GROUP names) made and nobody else can "
     "write: another user (or a damaged run) put it there. Use a run directory of your own, or remove it"
-)
-FIX_RUN_DIR = (
-    "Use a directory of your own that nobody else can write (it is made 0700 if it does not exist), "
-    f"or, for ranks of several users, a directory of the group they share with {ENV_GROUP}=<group>"
 )
 
 
@@ -97,6 +88,10 @@ class Sharing:
         if st.st_uid == self.uid:
             return True
         return self.gid is not None and st.st_gid == self.gid and _member(st.st_uid, self.gid)
+
+    def trusts(self, uid: int) -> bool:
+        """Whether user ``uid`` may change what this job keeps: root, this user, a member of the group."""
+        return uid in (0, self.uid) or (self.gid is not None and _member(uid, self.gid))
 
     def may_write(self, st: os.stat_result) -> bool:
         """Whether the mode lets only this user (and the named group) write. A group that is this
@@ -158,7 +153,7 @@ def sharing() -> Sharing:
             ) from None
         if gid not in (os.getegid(), *os.getgroups()) and uid != 0:
             raise FsdistError(
-                f"{ENV_GROUP}={name}: this user ({_user(uid)}) is not a member of group {_group(gid)}: "
+                f"{ENV_GROUP}={name}: this user ({user_name(uid)}) is not a member of group {_group(gid)}: "
                 "every rank's user must be"
             )
         result = Sharing(uid, gid, _group(gid))
@@ -171,7 +166,7 @@ def describe(st: os.stat_result) -> str:
     kind = _KINDS.get(stat.S_IFMT(st.st_mode), "file of unknown type")
     perms = stat.filemode(st.st_mode)[1:]
     return (
-        f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} owned by {_user(st.st_uid)}, group {_group(st.st_gid)}, "
+        f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} owned by {user_name(st.st_uid)}, group {_group(st.st_gid)}, "
         f"mode {stat.S_IMODE(st.st_mode):04o} ({perms})"
     )
 
@@ -187,7 +182,7 @@ def check_stat(st: os.stat_result, path: str, kind: str, fix: str = FIX_INSIDE) 
     if not share.may_write(st):
         problems.append("every user can write it" if st.st_mode & stat.S_IWOTH else "its group can write it")
     if not share.owns(st):
-        whose = f"you ({_user(share.uid)})" + (f" or group {share.group}" if share.gid is not None else "")
+        whose = f"you ({user_name(share.uid)})" + (f" or group {share.group}" if share.gid is not None else "")
         problems.append(f"another user owns it, not {whose}")
     if problems:
         raise UntrustedPathError(f"refusing {path}: {'; '.join(problems)}. It is {describe(st)}. {fix}")
@@ -231,10 +226,10 @@ def size_checked(st: os.stat_result, path: str, limit: int, what: str) -> int:
     return st.st_size
 
 
-def make_private_dir(path: str, fix: str = FIX_INSIDE) -> None:
+def make_private_dir(path: str, fix: str = FIX_INSIDE, opened: Callable[[int], None] | None = None) -> None:
     """Create ``path`` (and missing parents) as this user's, or the named group's; one that exists
     is adopted only if it passes ``check_stat``, checked on a descriptor opened without
-    following a link.
+    following a link (and passed to ``opened``, for a check of the caller's own).
 
     With a group, a member that finds the directory another member has just made may meet it
     between that member's ``mkdir`` (the umask's mode, its own group) and its ``fchown`` and
@@ -251,7 +246,7 @@ def make_private_dir(path: str, fix: str = FIX_INSIDE) -> None:
     settle_until = time.monotonic() + GROUP_SETTLE_SECONDS if share.gid is not None and not made else 0.0
     while True:
         try:
-            _adopt_dir(path, fix, share, made)
+            _adopt_dir(path, fix, share, made, opened)
             return
         except (UntrustedPathError, PermissionError):
             if time.monotonic() >= settle_until:
@@ -259,7 +254,7 @@ def make_private_dir(path: str, fix: str = FIX_INSIDE) -> None:
             time.sleep(0.001)
 
 
-def _adopt_dir(path: str, fix: str, share: Sharing, made: bool) -> None:
+def _adopt_dir(path: str, fix: str, share: Sharing, made: bool, opened: Callable[[int], None] | None) -> None:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
     except OSError as exc:  # ELOOP: a symbolic link; ENOTDIR: a file, a FIFO...
@@ -269,115 +264,13 @@ def _adopt_dir(path: str, fix: str, share: Sharing, made: bool) -> None:
             os.fchown(fd, -1, share.gid)
             os.fchmod(fd, share.dir_mode)
         check_open(fd, path, "directory", fix)
+        if opened is not None:
+            opened(fd)
     finally:
         os.close(fd)
 
 
-def adopt_run_directory(path: str, create: bool = True) -> str:
-    """A run directory: ``path`` resolved (``resolve_directory``), made private if it does not
-    exist (``create``), and refused unless it is this user's (or the group's) alone."""
-    resolved = resolve_directory(path)
-    if create or os.path.lexists(resolved):
-        make_private_dir(resolved, fix=FIX_RUN_DIR)
-    return resolved
-
-
-def resolve_directory(path: str) -> str:
-    """``path`` made absolute with its symbolic links followed, as ``realpath`` does, refusing a
-    link another user owns (they could point it anywhere, any time) and any directory on the way
-    that everyone can write without the sticky bit (anyone could replace what lies below).
-    What does not exist yet is left as named: fsdist creates it, privately."""
-    share = sharing()
-    parts = deque(part for part in os.path.abspath(path).split("/") if part)
-    resolved, links = "/", 0
-    while parts:
-        name = parts.popleft()
-        if name == "..":
-            resolved = os.path.dirname(resolved)
-            continue
-        _check_passage(resolved, path)
-        here = os.path.join(resolved, name)
-        try:
-            st = os.lstat(here)
-        except (FileNotFoundError, NotADirectoryError):
-            return os.path.join(here, *parts)
-        if stat.S_ISLNK(st.st_mode):
-            if st.st_uid not in (0, share.uid):
-                where = "it" if here == os.path.abspath(path) else f"{here}, on the way to it,"
-                raise UntrustedPathError(
-                    f"refusing {path}: {where} is a symbolic link another user owns ({describe(st)}): they could "
-                    "point it anywhere, at any time. Name the directory it leads to, if that is yours"
-                )
-            links += 1
-            if links > _MAX_LINKS:
-                raise FsdistError(f"{path}: more than {_MAX_LINKS} symbolic links on the way (a loop?)")
-            target = os.readlink(here)
-            parts.extendleft(reversed([part for part in target.split("/") if part and part != "."]))
-            if target.startswith("/"):
-                resolved = "/"
-            continue
-        resolved = here
-    return resolved
-
-
-def _check_passage(directory: str, path: str) -> None:
-    """Refuse ``directory``, on the way to ``path``, if everyone may rename what is inside it."""
-    st = os.lstat(directory)
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        raise UntrustedPathError(
-            f"refusing {path}: every user can write {directory}, on the way to it, and it lacks the sticky "
-            f"bit, so anyone could replace what lies below it ({describe(st)}). Use a directory elsewhere, "
-            f"or ask its owner to chmod +t {directory}"
-        )
-
-
-def node_directory() -> str:
-    """This user's (or the named group's) own folder in the node-local directory (FSDIST_LOCAL_DIR,
-    default /dev/shm), where node tiers and single-machine run directories live.
-
-    /dev/shm is every local user's: a name there that is known in advance could be taken first,
-    or swapped for a link. Inside a folder that is this user's alone nobody else can create
-    anything, so names there may be known, and a sweep there finds only this user's own things.
-    It is made once and never removed: removing it would let another user take the name back.
-    """
-    path = _node_directory_path()
-    make_private_dir(
-        path,
-        fix="Another user made it first (or it is damaged): remove it, or set FSDIST_LOCAL_DIR to a "
-        "directory of your own on this machine",
-    )
-    return path
-
-
-def existing_node_directory() -> str | None:
-    """This user's node-local folder where one is in place and is the user's (``node_directory``),
-    else None: what removes things there then finds nothing, and a job that keeps nothing
-    node-local is never stopped by another user's folder of that name."""
-    try:
-        path = _node_directory_path()
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | OPEN_FLAGS)
-    except FileNotFoundError:
-        return None
-    except (OSError, UntrustedPathError) as exc:
-        _log.warning("fsdist: not looking into the node-local folder: %s", exc)
-        return None
-    try:
-        check_open(fd, path, "directory")
-    except UntrustedPathError as exc:
-        _log.warning("fsdist: not looking into the node-local folder: %s", exc)
-        return None
-    finally:
-        os.close(fd)
-    return path
-
-
-def _node_directory_path() -> str:
-    share = sharing()
-    name = f"fsdist-{share.uid}" if share.gid is None else f"fsdist-group-{share.gid}"
-    return resolve_directory(os.path.join(local_dir(), name))  # (FSDIST_LOCAL_DIR itself checked on the way)
-
-
-def _user(uid: int) -> str:
+def user_name(uid: int) -> str:
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:

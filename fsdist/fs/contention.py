@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..files.io import remove_tree
+from ..files.places import resolve_place
 from ..files.trust import make_private_dir
 from . import lock_kinds
 
@@ -72,7 +73,8 @@ def measure(
     the counter through that path.
     """
     name = f"fsdist-lockbench-{secrets.token_hex(6)}"
-    work = os.path.join(directory, name)
+    # resolved as a run directory is: nothing untrusted on the way could swap the folder mid-run
+    work = resolve_place(os.path.join(directory, name))
     make_private_dir(work)
     try:
         folders = [work]

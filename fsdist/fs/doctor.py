@@ -23,7 +23,8 @@ from ..defaults import ENV_IO
 from ..errors import UntrustedPathError
 from ..files.direct import DirectRecord
 from ..files.io import detach_standard_streams, remove_tree
-from ..files.trust import adopt_run_directory, make_private_dir, resolve_directory
+from ..files.places import adopt_run_directory, resolve_place
+from ..files.trust import make_private_dir
 from . import lock_kinds, probes
 from .contention import contend
 from .hazards import classify
@@ -45,11 +46,11 @@ def diagnose(directory: str, peer: str | None = None) -> dict[str, Any]:
     scratch_name = f".fsdist-doctor-{secrets.token_hex(4)}"
     # resolved as fsdist resolves a run directory's path (another user's link, or a folder anyone
     # may rename things in, is refused), the folder itself checked as the scratch's way in
-    scratch_a = resolve_directory(os.path.join(directory, scratch_name))
+    scratch_a = resolve_place(os.path.join(directory, scratch_name))
     directory = os.path.dirname(scratch_a)
     mounts = {"A": find_mount(directory)}
     if peer:
-        peer = os.path.dirname(resolve_directory(os.path.join(peer, scratch_name)))
+        peer = os.path.dirname(resolve_place(os.path.join(peer, scratch_name)))
         mounts["B"] = find_mount(peer)
     findings: list[Finding] = [_ownership(directory)]
     for label, mount in mounts.items():

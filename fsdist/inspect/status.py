@@ -25,8 +25,8 @@ from ..defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS
 from ..errors import ProtocolError, RendezvousError
 from ..files.io import read_file
 from ..files.locks import decode_counter, read_locked
+from ..files.places import adopt_run_directory, existing_node_directory
 from ..files.seal import seal
-from ..files.trust import adopt_run_directory, existing_node_directory
 from ..job.liveness import Identity, is_alive, node_id
 from ..job.nodes import Nodes
 from ..protocol import failure_report, layout, rendezvous_record, state_record

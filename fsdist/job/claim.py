@@ -16,7 +16,7 @@ from typing import Any
 from ..defaults import SHARED_DIR_GRACE_SECONDS
 from ..errors import RendezvousError
 from ..files.io import remove_tree
-from ..files.trust import adopt_run_directory
+from ..files.places import adopt_run_directory
 from ..files.waiting import Deadline, poll
 from ..fs import guard
 from ..protocol import layout, rendezvous_record

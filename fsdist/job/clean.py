@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import RendezvousError
 from ..files.io import remove_tree
-from ..files.trust import adopt_run_directory, existing_node_directory
+from ..files.places import adopt_run_directory, existing_node_directory
 from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import CorruptRecordError, is_generation_id, parse
 from ..protocol.sealed import unseal_json

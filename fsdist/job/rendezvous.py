@@ -25,7 +25,7 @@ from typing import Any
 
 from ..defaults import DEFAULT_TIMEOUT, ENV_ALLOW_UNSAFE_FS, RENDEZVOUS_NOTE_SECONDS
 from ..errors import RendezvousError
-from ..files.trust import adopt_run_directory
+from ..files.places import adopt_run_directory
 from ..files.waiting import Deadline, poll
 from ..fs import guard
 from ..fs.mounts import describe_filesystem, is_local
