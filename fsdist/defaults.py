@@ -204,8 +204,8 @@ ENV_GROUP = "FSDIST_GROUP"
 #: CRC-32, so an item forged or altered by anyone without the secret (root on another NFS
 #: client, say) is refused (files/seal.py). Off by default.
 ENV_SECRET_FILE = "FSDIST_SECRET_FILE"
-#: ``1``: with FSDIST_SECRET_FILE, tag message payloads too (each 64 KiB of every tensor sent);
-#: without, payloads of files and rings are covered by nothing (inline ones by a CRC).
+#: With FSDIST_SECRET_FILE, which message payloads carry tags (each 64 KiB): unset, those of byte
+#: tensors (the pickles of torch's *_object collectives); ``1`` every payload; ``0`` none (warned).
 ENV_MAC_PAYLOADS = "FSDIST_MAC_PAYLOADS"
 #: The switch that preceded FSDIST_GROUP (group access for the primary group): refused, naming
 #: its replacement.

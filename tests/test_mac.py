@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from fsdist.errors import FsdistError, ProtocolError
+from fsdist.files import seal as seal_module
 from fsdist.files.locks import decode_counter, encode_counter
 from fsdist.files.seal import CHUNK_BYTES, Sealer, seal
 from fsdist.protocol import message, rendezvous_record, state_record
@@ -21,7 +22,7 @@ from fsdist.transport.incoming import FileMessage, InlineMessage
 from harness import RankPool
 from in_rank import mac as cases_mac
 
-CRC = Sealer(None, False).seal("")  # what a forger without the secret can compute
+CRC = Sealer(None, "none").seal("")  # what a forger without the secret can compute
 
 
 @pytest.fixture
@@ -174,3 +175,78 @@ def test_an_altered_payload_is_refused_on_every_rank(tmp_path) -> None:
         _refused_on_every_rank(pool.run(cases_mac.payload_altered, 1 << 18), "payload")
     finally:
         pool.kill()
+
+
+@pytest.mark.parametrize("extra,form", [(100, "inline"), (1 << 20, "file")])
+def test_a_rewritten_object_is_refused_on_every_rank_by_default(tmp_path, extra: int, form: str) -> None:
+    """With a secret and nothing else set, the pickle of broadcast_object_list is authenticated:
+    rewritten in an inline slot (its CRC recomputed) or in its message file, it is refused
+    before torch unpickles it, on both ranks; with FSDIST_MAC_PAYLOADS=0 the forgery goes through
+    (which is what the default prevents)."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(os.urandom(32))
+    secret.chmod(0o600)
+    for setting, refused in (("", True), ("0", False)):
+        env = {"FSDIST_SECRET_FILE": str(secret), "FSDIST_MAC_PAYLOADS": setting}
+        pool = RankPool(2, env=env, group_timeout=30)
+        try:
+            root, reader = pool.run(cases_mac.object_payload_rewritten, extra)
+        finally:
+            pool.kill()
+        assert reader["forged"] == form, reader
+        if refused:
+            assert "MAC mismatch" in reader["said"] and "payload" in reader["said"], reader
+            assert "MAC mismatch" in root["said"], root
+            assert reader["received"] == "None", "torch unpickled the forged object"
+        else:
+            assert reader["said"] == "no error" and "the-forgers-own-object" in reader["received"], reader
+
+
+@pytest.mark.parametrize(
+    "content,problem",
+    [(bytes(16), "one byte, b'\\\\x00', repeated"), (b"abcd" * 8 + b"\n", "the 4 bytes b'abcd' repeated"),
+     (b"0" * 15 + b"\n", "fewer than 16")],
+)  # fmt: skip
+def test_a_secret_anyone_could_guess_is_refused(tmp_path, monkeypatch, content: bytes, problem: str) -> None:
+    path = tmp_path / "secret"
+    path.write_bytes(content)
+    path.chmod(0o600)
+    monkeypatch.setenv("FSDIST_SECRET_FILE", str(path))
+    with pytest.raises(FsdistError, match=problem.replace("(", r"\(")) as refused:
+        seal("x")
+    assert "head -c 32 /dev/urandom" in str(refused.value)
+
+
+def test_a_secret_behind_a_folder_another_may_change_is_refused(tmp_path, monkeypatch) -> None:
+    folder = tmp_path / "loose"
+    folder.mkdir()
+    (folder / "secret").write_bytes(os.urandom(32))
+    (folder / "secret").chmod(0o600)
+    folder.chmod(0o777)  # every user may write it, no sticky bit: anyone could swap the file
+    monkeypatch.setenv("FSDIST_SECRET_FILE", str(folder / "secret"))
+    with pytest.raises(FsdistError, match=r"every user can write .*lacks the sticky bit"):
+        seal("x")
+
+
+def test_by_default_a_secret_tags_the_payloads_that_reach_pickle(secret, monkeypatch) -> None:
+    """Byte tensors (torch's object collectives send pickles as uint8) carry payload tags, others
+    not; FSDIST_MAC_PAYLOADS=1 tags every payload, =0 none (and says what that gives up)."""
+    check = seal("gen-0123456789abcdef/groups/k.0.0/m1.0.r0")
+
+    def tagged(tensors: list[torch.Tensor]) -> bool:
+        raw = b"".join(bytes(b) for b in message.encode(1, 0, "broadcast", tensors, check))
+        return InlineMessage(raw, "m", check)._tags is not None
+
+    assert tagged([torch.zeros(8, dtype=torch.uint8)]) and tagged([torch.zeros(2), torch.zeros(2, dtype=torch.uint8)])
+    assert not tagged([torch.zeros(8)]) and not tagged([torch.zeros(8, dtype=torch.int64)])
+    monkeypatch.setenv("FSDIST_MAC_PAYLOADS", "1")
+    check = seal("gen-0123456789abcdef/groups/k.0.0/m1.0.r0")
+    assert tagged([torch.zeros(8)])
+    monkeypatch.setenv("FSDIST_MAC_PAYLOADS", "0")
+    monkeypatch.setattr(seal_module, "_warned", set())  # (warned once per process)
+    with pytest.warns(UserWarning, match="not even the pickles"):
+        check = seal("gen-0123456789abcdef/groups/k.0.0/m1.0.r0")
+    assert not tagged([torch.zeros(8, dtype=torch.uint8)])
+    monkeypatch.setenv("FSDIST_MAC_PAYLOADS", "yes")
+    with pytest.raises(FsdistError, match="say 1"):
+        seal("x")

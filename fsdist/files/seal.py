@@ -9,8 +9,11 @@ an item forged, altered, or moved from another file, group or job is refused. Ev
 is TAG_BYTES wide either way (the CRC-32 then zero bytes), so the formats do not change with the
 setting; a rank whose setting differs from its peers' fails every check, naming the variable.
 
-FSDIST_MAC_PAYLOADS=1 (with a secret) also tags message payloads, in CHUNK_BYTES pieces so that a
-reader of part of a tensor checks only what it reads (protocol/message.py).
+With a secret, message payloads are tagged too, in CHUNK_BYTES pieces so that a reader of part
+of a tensor checks only what it reads (protocol/message.py): by default those of byte tensors,
+which is how torch's ``*_object`` collectives carry pickles (a forged pickle runs code on every
+rank that loads it); with FSDIST_MAC_PAYLOADS=1 every payload; with FSDIST_MAC_PAYLOADS=0 none,
+which is warned about.
 """
 
 from __future__ import annotations
@@ -20,13 +23,19 @@ import hmac
 import os
 import stat
 import struct
+import warnings
 import zlib
 
 from ..defaults import ENV_MAC_PAYLOADS, ENV_SECRET_FILE
-from ..errors import FsdistError
-from .trust import describe, refusal, sharing
+from ..errors import FsdistError, UntrustedPathError
+from .foreign_mounts import check_descriptor_mount
+from .places import resolve_place
+from .trust import OPEN_FLAGS, describe, refusal, sharing
 
-__all__ = ["CHUNK_BYTES", "TAG_BYTES", "Seal", "Sealer", "macs_payloads", "seal", "sealer", "secret_key"]
+__all__ = [
+    "CHUNK_BYTES", "PAYLOADS_ALL", "PAYLOADS_BYTES", "PAYLOADS_NONE", "TAG_BYTES", "Seal", "Sealer", "macs_payloads",
+    "seal", "sealer", "secret_key",
+]  # fmt: skip
 
 #: Bytes of every check field: a 16-byte (128-bit) MAC, or a CRC-32 and 12 zero bytes.
 TAG_BYTES = 16
@@ -36,6 +45,8 @@ _CRC = struct.Struct("<I")
 _PAD = bytes(TAG_BYTES - _CRC.size)
 _SECRET_MIN, _SECRET_MAX = 16, 4096  # bytes of a secret file
 _PERSON = b"fsdist-mac-v1"
+#: Which message payloads carry tags: none, those of byte (uint8) tensors, all.
+PAYLOADS_NONE, PAYLOADS_BYTES, PAYLOADS_ALL = "none", "bytes", "all"
 Buffer = bytes | bytearray | memoryview
 
 
@@ -43,8 +54,8 @@ class Seal:
     """Computes and checks the tags of one item (``identity``: which item, see layout.identity)."""
 
     keyed = False
-    #: whether message payloads carry tags too (FSDIST_MAC_PAYLOADS, keyed seals only)
-    payloads = False
+    #: which message payloads carry tags too (PAYLOADS_*; keyed seals only)
+    payloads = PAYLOADS_NONE
 
     def tag(self, *data: Buffer) -> bytes:
         """The TAG_BYTES tag of ``data`` (the pieces in order, as if joined)."""
@@ -83,7 +94,7 @@ class _Keyed(Seal):
 
     keyed = True
 
-    def __init__(self, key: bytes, identity: str, payloads: bool) -> None:
+    def __init__(self, key: bytes, identity: str, payloads: str) -> None:
         self.payloads = payloads
         self._base = hashlib.blake2b(key=key, digest_size=TAG_BYTES, person=_PERSON)
         self._base.update(identity.encode() + b"\0")
@@ -116,7 +127,7 @@ class Sealer:
     it was made: a group keeps the settings it was created with (``fsdist bench --mac`` runs
     groups with and without a secret side by side in one process)."""
 
-    def __init__(self, key: bytes | None, payloads: bool) -> None:
+    def __init__(self, key: bytes | None, payloads: str) -> None:
         self.key, self.payloads = key, payloads
 
     def seal(self, identity: str) -> Seal:
@@ -134,13 +145,33 @@ def seal(identity: str) -> Seal:
     return sealer().seal(identity)
 
 
-def macs_payloads() -> bool:
-    """Whether message payloads are tagged too (FSDIST_MAC_PAYLOADS=1, which needs a secret)."""
-    if os.environ.get(ENV_MAC_PAYLOADS, "") in ("", "0"):
-        return False
+def macs_payloads() -> str:
+    """Which message payloads are tagged (PAYLOADS_*): with a secret, byte tensors' unless
+    FSDIST_MAC_PAYLOADS says ``1`` (all) or ``0`` (none, warned about once); without, none."""
+    setting = os.environ.get(ENV_MAC_PAYLOADS, "")
+    if setting not in ("", "0", "1"):
+        raise FsdistError(f"{ENV_MAC_PAYLOADS}={setting}: say 1 (tag every payload) or 0 (none)")
     if secret_key() is None:
-        raise FsdistError(f"{ENV_MAC_PAYLOADS}=1 tags payloads with the secret: set {ENV_SECRET_FILE} too")
-    return True
+        if setting == "1":
+            raise FsdistError(f"{ENV_MAC_PAYLOADS}=1 tags payloads with the secret: set {ENV_SECRET_FILE} too")
+        return PAYLOADS_NONE
+    if setting == "0":
+        _warn_once(
+            f"fsdist: {ENV_MAC_PAYLOADS}=0: no payload is authenticated, not even the pickles torch's *_object "
+            "collectives send (broadcast_object_list, all_gather_object, ...): whoever can write the run "
+            "directory (root on any NFS client) can make every rank that loads one run their code"
+        )
+        return PAYLOADS_NONE
+    return PAYLOADS_ALL if setting == "1" else PAYLOADS_BYTES
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    if text not in _warned:
+        _warned.add(text)
+        warnings.warn(text, stacklevel=3)
 
 
 def secret_key() -> bytes | None:
@@ -158,25 +189,50 @@ def secret_key() -> bytes | None:
     cache = (path, os.environ.get("FSDIST_GROUP", ""), os.geteuid())
     if _loaded is not None and _loaded[0] == cache:
         return _loaded[1]
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # (a link of the user's own may lead to it)
+    resolved = path
+    try:  # the rules of a run directory: links only the user's or root's, no folder on the way another may change
+        resolved = resolve_place(path, _FIX_SECRET)
+        fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | OPEN_FLAGS)
+    except UntrustedPathError as exc:
+        raise FsdistError(f"{ENV_SECRET_FILE}={path}: {exc}") from None
     except OSError as exc:
-        raise FsdistError(f"{ENV_SECRET_FILE}={path}: {refusal(path, 'file', exc)}") from None
+        raise FsdistError(f"{ENV_SECRET_FILE}={path}: {refusal(resolved, 'file', exc)}") from None
     try:
         st = os.fstat(fd)
         problem = _secret_problem(st)
+        content = b"" if problem else os.read(fd, _SECRET_MAX + 1)
+        problem = problem or _guessable(content)
         if problem:
-            raise FsdistError(
-                f"{ENV_SECRET_FILE}={path}: {problem}. It is {describe(st)}. Make it a file only you can read "
-                f"(chmod 600), of {_SECRET_MIN} to {_SECRET_MAX} random bytes (head -c 32 /dev/urandom), kept on "
-                "each machine's own disk"
-            )
-        content = os.read(fd, _SECRET_MAX + 1)
+            raise FsdistError(f"{ENV_SECRET_FILE}={path}: {problem}. It is {describe(st)}. {_FIX_SECRET}")
+        check_descriptor_mount(fd, path, sharing().trusts, _FIX_SECRET)
+    except UntrustedPathError as exc:
+        raise FsdistError(f"{ENV_SECRET_FILE}={path}: {exc}") from None
     finally:
         os.close(fd)
     key = hashlib.blake2b(content, digest_size=64, person=b"fsdist-secret").digest()
     _loaded = (cache, key)
     return key
+
+
+_FIX_SECRET = (
+    f"Make it a file only you can read (chmod 600), of {_SECRET_MIN} to {_SECRET_MAX} random bytes "
+    "(head -c 32 /dev/urandom > FILE), kept on each machine's own disk, in a folder only you (or root) can change"
+)
+
+
+def _guessable(content: bytes) -> str | None:
+    """Why ``content`` keys nothing (it carries fewer than 128 bits anyone would have to guess), or None.
+
+    Only what no generator of random bytes writes: one short run repeated (sixteen zero bytes, a
+    byte pattern, a word typed over and over), ignoring a final newline."""
+    body = content.rstrip(b"\n")
+    if len(body) < _SECRET_MIN:
+        return f"it holds {len(body)} bytes besides a final newline, fewer than {_SECRET_MIN} (128 bits)"
+    for unit in range(1, 9):
+        if body == (body[:unit] * (len(body) // unit + 1))[: len(body)]:
+            what = f"one byte, {body[:1]!r}," if unit == 1 else f"the {unit} bytes {body[:unit]!r}"
+            return f"it is {what} repeated: anyone could guess it"
+    return None
 
 
 def _secret_problem(st: os.stat_result) -> str | None:

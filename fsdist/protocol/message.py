@@ -19,8 +19,11 @@ Layout::
     payload       each part at its offset, 64-byte aligned
 
 The tag covers the header only: a payload of 64 MiB would cost ~40 ms to check on every read.
-FSDIST_MAC_PAYLOADS=1 (with a secret) adds the payload tags, and every reader checks the pieces
-it reads against them before the bytes reach a tensor.
+With a secret, payload tags are added to every message that holds a byte (uint8) tensor, the
+form in which torch's ``*_object`` collectives send pickles, and with FSDIST_MAC_PAYLOADS=1 to
+every message (files/seal.py); every reader checks the pieces it reads against them before the
+bytes reach a tensor. Whether a message must carry them follows from its header, which the
+header tag covers, so a forger can neither strip them nor add them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import NamedTuple
 import torch
 
 from ..errors import ProtocolError
-from ..files.seal import CHUNK_BYTES, TAG_BYTES, Seal
+from ..files.seal import CHUNK_BYTES, PAYLOADS_ALL, PAYLOADS_NONE, TAG_BYTES, Seal
 
 MAGIC = b"FSDM"
 VERSION = 2
@@ -96,7 +99,7 @@ def _layout(
     desc = description.encode()[:65535]
     ndims = [tensor.dim() for tensor in tensors]
     sizes = [tensor.numel() * tensor.element_size() for tensor in tensors]
-    payload_tags = check.payloads
+    payload_tags = _tags_payloads(check, [tensor.dtype for tensor in tensors])
     table = TAG_BYTES * sum(_chunks(n) for n in sizes) if payload_tags else 0
     header_len = _FIXED.size + len(desc) + _PART.size * len(tensors) + _DIM.size * sum(ndims) + table + TAG_BYTES
     start = offset = _align(header_len, align)
@@ -152,7 +155,8 @@ def encode_inline(
 ) -> bytes | None:
     """The message as one ``bytes`` (parts aligned to INLINE_ALIGN), or None if it would take
     more than ``limit`` bytes."""
-    if check.payloads and _layout(seq, tag, description, tensors, INLINE_ALIGN, check, build=False)[2] > limit:
+    tagged = check.payloads != PAYLOADS_NONE
+    if tagged and _layout(seq, tag, description, tensors, INLINE_ALIGN, check, build=False)[2] > limit:
         return None  # (sized first where building would hash the payload)
     header, sizes, size = _layout(seq, tag, description, tensors, INLINE_ALIGN, check)
     if size > limit:
@@ -196,11 +200,6 @@ def parse_header(head: bytes, where: str, check: Seal) -> Header:
     end = header_len - TAG_BYTES
     if not check.verify_at(head, end):
         raise ProtocolError(check.mismatch(f"{where} (a message header)"))
-    if bool(flags & FLAG_PAYLOAD_TAGS) != check.payloads:
-        raise ProtocolError(
-            f"{where}: its payload is {'' if flags & FLAG_PAYLOAD_TAGS else 'not '}tagged and this rank's "
-            "setting says otherwise: set FSDIST_MAC_PAYLOADS alike on every rank"
-        )
     key = (nparts, desc_len, flags, head[_FIXED.size : end])
     known = _PARSED.get(key)
     if known is None:
@@ -208,18 +207,27 @@ def parse_header(head: bytes, where: str, check: Seal) -> Header:
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.clear()
         _PARSED[key] = known
+    if bool(flags & FLAG_PAYLOAD_TAGS) != (check.payloads != PAYLOADS_NONE and _tags_payloads(check, known[3])):
+        raise ProtocolError(
+            f"{where}: its payload is {'' if flags & FLAG_PAYLOAD_TAGS else 'not '}tagged and this rank's "
+            "setting says otherwise: set FSDIST_SECRET_FILE and FSDIST_MAC_PAYLOADS alike on every rank"
+        )
     return Header(seq, tag, known[0], known[1], header_len, known[2])
 
 
 #: headers parsed before, by everything in them past the fixed part (description and parts):
 #: a training loop sends the same few shapes over and over, and parsing one is ~1.5 µs
-_PARSED: dict[tuple[int, int, int, bytes], tuple[str, tuple[Part, ...], tuple[bytes, ...] | None]] = {}
+_Parsed = tuple[str, tuple[Part, ...], tuple[bytes, ...] | None, frozenset[torch.dtype]]
+_PARSED: dict[tuple[int, int, int, bytes], _Parsed] = {}
 _PARSED_MAX = 256
 
 
-def _parse_body(
-    head: bytes, nparts: int, desc_len: int, header_len: int, tagged: bool, where: str
-) -> tuple[str, tuple[Part, ...], tuple[bytes, ...] | None]:
+def _tags_payloads(check: Seal, dtypes: Sequence[torch.dtype] | frozenset[torch.dtype]) -> bool:
+    """Whether a message of parts of ``dtypes`` carries payload tags under ``check``'s setting."""
+    return check.payloads == PAYLOADS_ALL or (check.payloads != PAYLOADS_NONE and torch.uint8 in dtypes)
+
+
+def _parse_body(head: bytes, nparts: int, desc_len: int, header_len: int, tagged: bool, where: str) -> _Parsed:
     """The description, parts and payload tags of a header whose fixed part and tag were checked."""
     pos = _FIXED.size
     description = head[pos : pos + desc_len].decode(errors="replace")
@@ -244,7 +252,7 @@ def _parse_body(
             )
         parts.append(Part(dtype, shape, nbytes, offset))
     if not tagged:
-        return description, tuple(parts), None  # shared by every message with this header: never changed
+        return description, tuple(parts), None, frozenset(p.dtype for p in parts)  # shared: never changed
     tags = []
     for part in parts:
         size = TAG_BYTES * _chunks(part.nbytes)
@@ -252,7 +260,7 @@ def _parse_body(
         pos += size
     if pos != end:
         raise ProtocolError(f"{where}: its payload tags do not fill the header ({end - pos} bytes left)")
-    return description, tuple(parts), tuple(tags)
+    return description, tuple(parts), tuple(tags), frozenset(p.dtype for p in parts)
 
 
 class ShortHeaderError(ProtocolError):

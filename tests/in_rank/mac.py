@@ -19,7 +19,7 @@ from fsdist.protocol import message, state_record
 from in_rank.errors import error_text
 
 #: the check a forger without the secret can compute
-CRC = Sealer(None, False).seal("")
+CRC = Sealer(None, "none").seal("")
 
 
 def _group_dir() -> str:
@@ -121,3 +121,54 @@ def collectives_are_right(sizes: list[int]) -> list[str]:
         if not (out == world * rank).all():
             failures.append(f"reduce_scatter {numel}")
     return failures
+
+
+#: what rank 0 broadcasts as an object, and what the forger puts in its place (the same length,
+#: so the pickle still loads: it would hand rank 1 the forger's object, or run her code)
+OBJECT_MARK, FORGED_MARK = b"the-victims-own-object", b"the-forgers-own-object"
+
+
+def object_payload_rewritten(extra: int) -> dict[str, str]:
+    """Rank 0 broadcasts an object (a pickle of ``extra`` more bytes: inline in its record when
+    small, a message file when large); rank 1, acting as a forger without the secret, waits
+    for the pickle to appear, rewrites its bytes in place (an inline slot's CRC recomputed; the
+    header, under its MAC, untouched), then receives. Returns what each rank's call said, and
+    what rank 1 received where nothing refused it."""
+    payload = [{"mark": OBJECT_MARK.decode(), "pad": "x" * extra}]
+    if dist.get_rank() == 0:
+        said = error_text(lambda: dist.broadcast_object_list(payload, src=0))
+        return {"said": said if said != "no error" else error_text(dist.barrier), "forged": ""}
+    forged = _rewrite_pickle(time.monotonic() + 20)
+    received: list[object] = [None]
+    said = error_text(lambda: (dist.broadcast_object_list(received, src=0), dist.barrier()))
+    return {"said": said, "forged": forged, "received": repr(received[0])[:80]}
+
+
+def _rewrite_pickle(deadline: float) -> str:
+    """Where the forger rewrote the pickle: ``inline`` (rank 0's state record) or ``file``."""
+    group = _group_dir()
+    while time.monotonic() < deadline:
+        record = os.path.join(group, "state.r0")
+        with LockedRecord(record, create=False) as locked:
+            raw = bytearray(locked.read())
+            where = raw.find(OBJECT_MARK)
+            if where >= 0:
+                slot = (where - state_record.HEADER_SIZE) // state_record.INLINE_SLOT_BYTES
+                start = state_record.slot_offset(slot)
+                seq, step, length, _ = struct.unpack_from("<qIII", raw, start)
+                body = bytes(raw[start + 20 : start + 20 + length]).replace(OBJECT_MARK, FORGED_MARK)
+                raw[start : start + 20 + length] = state_record.encode_slot(seq, step, body)
+                locked.write(bytes(raw))
+                return "inline"
+        for path in glob.glob(os.path.join(group, "*.r0*")):
+            if not os.path.isfile(path) or os.path.islink(path):
+                continue  # (a doorbell)
+            with open(path, "r+b") as file:
+                data = file.read()
+                where = data.find(OBJECT_MARK)
+                if where >= 0:
+                    file.seek(where)
+                    file.write(FORGED_MARK)
+                    return "file"
+        time.sleep(0.005)
+    return "never found the pickle"
