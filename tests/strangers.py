@@ -39,11 +39,18 @@ import fsdist
 import fsdist.c10d.backend
 import fsdist.c10d.placement
 import fsdist.c10d.store_rendezvous
+import fsdist.cli.bench_locks
 import fsdist.cli.clean
+import fsdist.cli.doctor
 import fsdist.cli.run
 import fsdist.cli.status  # noqa: F401
 from fsdist.cli.main import main as fsdist_main
 from fsdist.protocol import layout, rendezvous_record
+
+try:  # the attacker's FUSE daemon: mfusepy (the test extra) over libfuse 3 (Debian's fuse3)
+    import impostor_fs
+except (ImportError, OSError) as _missing:  # reported by the scenario that needs it
+    impostor_fs, FUSE_MISSING = None, f"{type(_missing).__name__}: {_missing}"
 
 VICTIM, ATTACKER, COLLEAGUE = 1001, 1002, 1003
 SHARED_GID = 2000  # the group the victim and the colleague share (the attacker is not in it)
@@ -132,10 +139,10 @@ def rank_job(rank: int, world: int, init_method: str, env: dict[str, str]) -> di
 
 
 def job(
-    uid: int, world: int, init_method: str, env: dict[str, str] | None = None, **kwargs: Any
+    uid: int, world: int, init_method: str, env: dict[str, str] | None = None, timeout: float = 90, **kwargs: Any
 ) -> list[dict[str, Any]]:
     children = [as_user(uid, rank_job, r, world, init_method, dict(env or {}), **kwargs) for r in range(world)]
-    return collect(children)
+    return collect(children, timeout=timeout)
 
 
 # ---- what an attacker does ------------------------------------------------------------------
@@ -501,6 +508,198 @@ def scenario_group_access(shared: str, shm: str) -> dict[str, Any]:
             "mode": mode, "scan": one(ATTACKER, scan_for_marker, shared, shm)}  # fmt: skip
 
 
+# ---- issue 47: mounts planted, folders on the way, torch's FileStore, the secret's path ------
+
+
+def scenario_planted_fuse_mount(shared: str, shm: str) -> dict[str, Any]:
+    """1: the attacker mounts her own FUSE filesystem (tests/impostor_fs.py: every file the
+    victim's, 0700/0600) where the victim's job would keep its files: the node-local folder of a
+    single-machine job met through torch's TCPStore (torchrun --standalone's way), a --dir name
+    not yet made in a sticky shared folder, the same with a daemon that never answers, and a
+    node folder mounted without allow_other. Every rank refuses at once, naming the mount, its
+    owner and the fix; the victim writes nothing into the attacker's filesystem."""
+    if impostor_fs is None:
+        raise RuntimeError(f"the FUSE scenario needs mfusepy (pip) and fuse3 (apt-get install fuse3): {FUSE_MISSING}")
+    out: dict[str, Any] = {}
+    port = _free_port()
+    cases = {  # name: (mount point, allow_other, silent, init method: "tiers" for two nodes' tiers)
+        "node_folder": (os.path.join(shm, f"fsdist-{VICTIM}"), True, False, f"tcp://127.0.0.1:{port}"),
+        "run_directory": (os.path.join(shared, "victim-fuse-run"), True, False, ""),
+        "silent": (os.path.join(shared, "victim-silent-run"), True, True, ""),
+        "no_allow_other": (os.path.join(shm, "private", f"fsdist-{VICTIM}"), False, False, "tiers"),
+    }
+    one(0, _make_sticky, os.path.join(shm, "private"))
+    for name, (point, allow_other, silent, init) in cases.items():
+        backing = os.path.join(shared, f".mallorys-{name}")
+        local = os.path.dirname(point) if point.startswith(shm) else shm
+        one(ATTACKER, _mkdir_mode, backing, 0o700)
+        one(ATTACKER, _mkdir_mode, point, 0o700)
+        daemon = as_user(ATTACKER, impostor_fs.serve, point, backing, VICTIM, VICTIM, silent, allow_other)
+        mounted = _wait_for_mount(point)
+        env = {"FSDIST_LOCAL_DIR": local}
+        if init == "tiers":
+            path = os.path.join(shared, f"victim-tiers-{name}")
+            children = [
+                as_user(VICTIM, rank_job, r, 4, f"fsdist://{path}", {**env, "FSDIST_NODE_ID": f"node{r // 2}"})
+                for r in range(4)
+            ]
+            ranks = collect(children, timeout=30)
+        else:
+            ranks = job(VICTIM, 2, init or f"fsdist://{point}", env, timeout=30)
+        os.kill(daemon[0], signal.SIGKILL)  # (its end aborts every request still waiting on it)
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)
+        collect([daemon], timeout=10)
+        out[name] = {"mounted": mounted, "ranks": ranks, "path": point,
+                     "backing": one(ATTACKER, lambda b: sorted(os.listdir(b)), backing)}  # fmt: skip
+    return out
+
+
+def _wait_for_mount(point: str, seconds: float = 10.0) -> str:
+    """The mount table's line for ``point`` once the daemon's mount is there ("" if it never came)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        with open("/proc/self/mountinfo") as table:
+            for line in table:
+                if f" {point} " in line:
+                    return line.strip()
+        time.sleep(0.05)
+    return ""
+
+
+def scenario_folders_another_user_owns(shared: str, shm: str) -> dict[str, Any]:
+    """3 and 5: a sticky folder the attacker owns (she may rename anything inside it): a run
+    directory in it is refused, and so are ``fsdist doctor`` and ``fsdist bench locks`` there,
+    while she swaps any scratch folder that appears for a link to the victim's notes, which stay
+    as they were. A folder of the victim's own that a group with other members may write (a
+    project folder, without the sticky bit): refused too, unless FSDIST_GROUP names that group."""
+    hers = os.path.join(shared, "mallorys-sticky")
+    one(ATTACKER, _mkdir_mode, hers, 0o1777)
+    notes = os.path.join(shared, "victim-notes")
+    one(VICTIM, _make_notes, notes)
+    swapper = as_user(ATTACKER, _swap_scratch_for, hers, notes, 8.0)
+    env = {"FSDIST_LOCAL_DIR": shm}
+    run = job(VICTIM, 2, f"fsdist://{hers}/victim-run", env)
+    doctor = one(VICTIM, cli, ["doctor", hers], env=env)
+    locks = one(VICTIM, cli, ["bench", "locks", hers, "--seconds", "0.5"], env=env)
+    swapped = collect([swapper])[0]
+    project = os.path.join(shared, "victim-project")
+    one(VICTIM, _group_folder, project, 0o2775, groups=(SHARED_GID,))
+    in_project = job(VICTIM, 2, f"fsdist://{project}/run", env, groups=(SHARED_GID,))
+    named = job(VICTIM, 2, f"fsdist://{project}/run", {**env, "FSDIST_GROUP": "projx"}, groups=(SHARED_GID,))
+    return {"folder": hers, "run": run, "doctor": doctor, "locks": locks, "swapped": swapped,
+            "notes": one(VICTIM, _notes_now, notes), "project": project, "in_project": in_project,
+            "named": named}  # fmt: skip
+
+
+def _make_notes(notes: str) -> None:
+    os.mkdir(notes, 0o700)
+    for name in ("record", "rename-probe"):
+        with open(os.path.join(notes, name), "w") as f:
+            f.write(f"the victim's {name}\n")
+
+
+def _notes_now(notes: str) -> dict[str, str]:
+    return {name: open(os.path.join(notes, name)).read() for name in sorted(os.listdir(notes))}
+
+
+def _swap_scratch_for(folder: str, target: str, seconds: float) -> list[str]:
+    """For ``seconds``: every new folder in ``folder`` is renamed away and replaced by a link to
+    ``target`` (what the attacker did to doctor's scratch within 0.3 s)."""
+    end, swapped = time.monotonic() + seconds, []
+    while time.monotonic() < end:
+        for name in os.listdir(folder):
+            path = os.path.join(folder, name)
+            if name.startswith(".old-") or os.path.islink(path):
+                continue
+            with contextlib.suppress(OSError):
+                os.rename(path, os.path.join(folder, ".old-" + name))
+                os.symlink(target, path)
+                swapped.append(name)
+        time.sleep(0.01)
+    return swapped
+
+
+def scenario_file_store(shared: str, shm: str) -> dict[str, Any]:
+    """4: ``init_method="file://..."`` in a sticky shared folder. The attacker made the file first
+    (0666) and holds its lock: every rank refuses at once, naming her, instead of hanging in
+    torch's FileStore. Made by the victim's fsdist group it is 0600 (a Gloo group's is left as
+    torch makes it)."""
+    planted = os.path.join(shared, "initfile")
+    one(ATTACKER, _plant_locked_file, planted)
+    holder = as_user(ATTACKER, _hold_lock_on, planted, 8.0)
+    time.sleep(0.3)
+    env = {"FSDIST_LOCAL_DIR": shm}
+    refused = job(VICTIM, 2, f"file://{planted}", env, timeout=30)
+    collect([holder])
+    own = os.path.join(shared, "victims-initfile")
+    return {
+        "path": planted, "refused": refused, "ran": job(VICTIM, 2, f"file://{own}", env),
+        "fsdist_mode": one(VICTIM, _file_store_mode, f"{own}-1", "fsdist", env=env, umask=0o022),
+        "gloo_mode": one(VICTIM, _file_store_mode, f"{own}-2", "gloo", env=env, umask=0o022),
+    }  # fmt: skip
+
+
+def _plant_locked_file(path: str) -> None:
+    with open(path, "wb"):
+        pass
+    os.chmod(path, 0o666)
+
+
+def _hold_lock_on(path: str, seconds: float) -> None:
+    import fcntl
+
+    with open(path, "r+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        time.sleep(seconds)
+
+
+def _file_store_mode(path: str, backend: str) -> str:
+    """The mode of torch's FileStore file while a one-rank group of ``backend`` runs on it."""
+    dist.init_process_group(backend, init_method=f"file://{path}", rank=0, world_size=1)
+    try:
+        return oct(stat.S_IMODE(os.stat(path).st_mode))
+    finally:
+        dist.destroy_process_group()
+
+
+def scenario_secret_path(shared: str, shm: str) -> dict[str, Any]:
+    """7: the victim's secret in a sticky folder the attacker owns, which she swaps for a link to a
+    file of the victim's whose bytes she knows (authorized_keys); and a link of hers to the
+    victim's secret: both refused, naming her. A secret of sixteen zero bytes: refused."""
+    hers = os.path.join(shared, "mallorys-keys")
+    one(ATTACKER, _mkdir_mode, hers, 0o1777)
+    home = os.path.join(shared, "victim-keys")
+    one(VICTIM, _make_keys, home, hers)
+    one(ATTACKER, _swap_for_link, os.path.join(hers, "secret"), os.path.join(home, "authorized_keys"))
+    link = os.path.join(shared, "mallorys-link-to-secret")
+    one(ATTACKER, os.symlink, os.path.join(home, "secret"), link)
+    env = {"FSDIST_LOCAL_DIR": shm}
+    path = os.path.join(shared, "victim-secret-run")
+    return {
+        "swapped": job(VICTIM, 2, f"fsdist://{path}", {**env, "FSDIST_SECRET_FILE": os.path.join(hers, "secret")}),
+        "link": job(VICTIM, 2, f"fsdist://{path}", {**env, "FSDIST_SECRET_FILE": link}),
+        "zeros": job(VICTIM, 2, f"fsdist://{path}", {**env, "FSDIST_SECRET_FILE": os.path.join(home, "zeros")}),
+        "own": job(VICTIM, 2, f"fsdist://{path}", {**env, "FSDIST_SECRET_FILE": os.path.join(home, "secret")}),
+        "folder": hers, "link_path": link,
+    }  # fmt: skip
+
+
+def _make_keys(home: str, hers: str) -> None:
+    os.mkdir(home, 0o755)
+    for folder, name, data, mode in (
+        (home, "secret", os.urandom(32), 0o600), (hers, "secret", os.urandom(32), 0o600),
+        (home, "zeros", bytes(16), 0o600), (home, "authorized_keys", b"ssh-ed25519 AAAAC3Nza victim@laptop\n", 0o644),
+    ):  # fmt: skip
+        with open(os.path.join(folder, name), "wb") as f:
+            f.write(data)
+        os.chmod(os.path.join(folder, name), mode)
+
+
+def _swap_for_link(path: str, target: str) -> None:
+    os.unlink(path)  # (her sticky folder: she may remove what is in it)
+    os.symlink(target, path)
+
+
 def users_of_this_run(base: str) -> None:
     """Give the uids names and the shared group members, in a mount namespace of this process's
     own (its children inherit it): /etc/passwd and /etc/group bound over with copies that add
@@ -516,13 +715,24 @@ def users_of_this_run(base: str) -> None:
         "passwd": "".join(f"{n}:x:{u}:{u}::/nonexistent:/usr/sbin/nologin\n" for u, n in users.items()),
         "group": "".join(f"{n}:x:{u}:\n" for u, n in users.items()) + f"projx:x:{SHARED_GID}:victim,colleague\n",
     }
+    if os.path.exists("/etc/fuse.conf"):  # what some clusters set: any user may mount FUSE for all to see
+        extra["fuse.conf"] = "user_allow_other\n"
     for name, lines in extra.items():
         copy = os.path.join(base, name)
         with open(f"/etc/{name}") as source, open(copy, "w") as out:
             out.write(source.read().rstrip("\n") + "\n" + lines)
         os.chmod(copy, 0o644)
-        if libc.mount(copy.encode(), f"/etc/{name}".encode(), None, 4096, None) != 0:  # MS_BIND
-            raise OSError(ctypes.get_errno(), f"mount --bind {copy} /etc/{name}")
+        _bind(libc, copy, f"/etc/{name}")
+    if os.path.exists("/dev/fuse"):  # 0666, as on every distribution (a container may make it 0600)
+        node = os.path.join(base, "fuse")
+        os.mknod(node, 0o666 | stat.S_IFCHR, os.stat("/dev/fuse").st_rdev)
+        os.chmod(node, 0o666)
+        _bind(libc, node, "/dev/fuse")
+
+
+def _bind(libc: Any, source: str, target: str) -> None:
+    if libc.mount(source.encode(), target.encode(), None, 4096, None) != 0:  # MS_BIND
+        raise OSError(ctypes.get_errno(), f"mount --bind {source} {target}")
 
 
 def main() -> None:
@@ -564,6 +774,10 @@ SCENARIOS: dict[str, Callable[[str, str], dict[str, Any]]] = {
     "group_access": scenario_group_access,
     "group_tricks": scenario_group_tricks,
     "umask_002": scenario_umask_002,
+    "planted_fuse_mount": scenario_planted_fuse_mount,
+    "folders_another_user_owns": scenario_folders_another_user_owns,
+    "file_store": scenario_file_store,
+    "secret_path": scenario_secret_path,
 }
 
 if __name__ == "__main__":

@@ -30,6 +30,10 @@ HERE = Path(__file__).parent
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("strangers") / "outcome.json"
+    # the attacker's FUSE mount needs fusermount3 and libfuse 3 (Debian's fuse3); without them the
+    # FUSE scenario reports why and its test fails
+    install = [str(HERE.parent / "scripts/fs/install.sh"), str(out.parent), "apt", "fusermount3:fuse3"]
+    subprocess.run(install, check=False)
     proc = subprocess.run(
         [sys.executable, str(HERE / "strangers.py"), str(out)], cwd=HERE, capture_output=True, text=True, timeout=600
     )
@@ -149,3 +153,59 @@ def test_what_a_non_member_makes_in_a_folder_of_the_group_is_refused(outcome) ->
 
 def test_a_run_directory_the_user_made_under_umask_002_is_taken(outcome) -> None:
     ran_right(result(outcome, "umask_002")["ranks"])
+
+
+# ---- issue 47 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["node_folder", "run_directory", "silent", "no_allow_other"])
+def test_a_fuse_mount_another_user_planted_is_refused_before_it_is_touched(outcome, where: str) -> None:
+    """Her daemon says every file is the victim's, 0700/0600; or never answers; or (without
+    allow_other) hides everything: every rank refuses within 5 s naming the mount, its owner and
+    the fix, and writes nothing into her filesystem."""
+    found = result(outcome, "planted_fuse_mount")[where]
+    assert "user_id=1002" in found["mounted"], f"the attacker's mount never came up: {found}"
+    fix = "FSDIST_LOCAL_DIR" if where in ("node_folder", "no_allow_other") else "a directory of your own"
+    for rank in found["ranks"]:
+        assert found["path"] in rank.get("error", "") and "FUSE mount" in rank["error"], rank
+        assert "mallory (uid 1002) mounted" in rank["error"] and fix in rank["error"], rank
+        assert rank["seconds"] < strangers.REFUSE_WITHIN, rank
+    assert found["backing"]["value"] == [], "the victim wrote into the attacker's filesystem"
+
+
+def test_a_sticky_folder_another_user_owns_is_no_way_to_a_place(outcome) -> None:
+    """She may rename anything in a folder she owns, sticky or not: a run directory there, and
+    doctor's and bench locks' scratch folders, are refused; the victim's notes, which she
+    would have swapped the scratch folder for, are as they were."""
+    found = result(outcome, "folders_another_user_owns")
+    refused_naming(found["run"], found["folder"], "belongs to mallory (uid 1002)", "in a folder that you or root own")
+    for command in ("doctor", "locks"):
+        said = found[command]["value"]
+        assert said["code"] != 0 and "belongs to mallory (uid 1002)" in said["err"], said
+        assert "Traceback" not in said["err"], said
+    assert found["notes"]["value"] == {"record": "the victim's record\n", "rename-probe": "the victim's rename-probe\n"}
+
+
+def test_a_folder_a_group_may_write_without_the_sticky_bit_needs_the_group_named(outcome) -> None:
+    found = result(outcome, "folders_another_user_owns")
+    refused_naming(found["in_project"], found["project"], "its group can write", "sticky bit")
+    ran_right(found["named"])
+
+
+def test_a_file_store_file_another_user_made_and_locks_is_refused_not_waited_on(outcome) -> None:
+    found = result(outcome, "file_store")
+    refused_naming(found["refused"], found["path"], "mallory (uid 1002)", "0666", "fsdist:///")
+    ran_right(found["ran"])
+    assert found["fsdist_mode"]["value"] == "0o600", "an fsdist group's FileStore file must be the user's alone"
+    assert found["gloo_mode"]["value"] == "0o644", "a Gloo group's FileStore file is torch's business"
+
+
+@pytest.mark.parametrize("how,words", [("swapped", "belongs to mallory (uid 1002)"),
+                                       ("link", "symbolic link another user owns"), ("zeros", "repeated")])  # fmt: skip
+def test_a_secret_file_is_resolved_like_a_run_directory(outcome, how: str, words: str) -> None:
+    found = result(outcome, "secret_path")
+    for rank in found[how]:
+        assert "FSDIST_SECRET_FILE" in rank.get("error", "") and words in rank["error"], rank
+        assert "head -c 32 /dev/urandom" in rank["error"] or how != "zeros", rank
+        assert rank["seconds"] < strangers.REFUSE_WITHIN, rank
+    ran_right(found["own"])
