@@ -572,14 +572,21 @@ def test_whatever_lies_where_a_file_belongs_ends_in_a_clear_error(tmp_path, read
 
 def test_every_open_goes_through_the_checked_primitives() -> None:
     """No module opens a path in the shared places but through the primitives that check what
-    they opened (files/io.py, files/trust.py, files/doorbell.py) or reads only /proc, its own
+    they opened (files/io.py, files/trust.py, files/places.py, files/doorbell.py) or reads only /proc, its own
     reports, or files a command's user named."""
     import ast
     from pathlib import Path
 
     import fsdist
 
-    allowed = {"files/io.py", "files/trust.py", "files/doorbell.py", "files/locks.py", "files/seal.py"}
+    allowed = {
+        "files/io.py",
+        "files/trust.py",
+        "files/places.py",
+        "files/doorbell.py",
+        "files/locks.py",
+        "files/seal.py",
+    }
     # not the shared places: /proc and this machine's own files; the bench's and probes' own scratch
     elsewhere = {"job/liveness.py", "files/mountinfo.py", "fs/mounts.py", "fs/fuse_kinds.py", "c10d/intraop.py",
                  "cli/ranks.py", "cli/bench/report.py", "cli/bench/rank.py", "cli/bench/command.py",

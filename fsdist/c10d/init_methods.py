@@ -30,9 +30,7 @@ import torch.distributed as dist
 
 from ..defaults import DEFAULT_TIMEOUT, ENV_DIR, ENV_ENV_INIT
 from ..errors import RendezvousError
-from ..files.foreign_mounts import check_descriptor_mount
-from ..files.places import resolve_place
-from ..files.trust import OPEN_FLAGS, check_open, refusal, sharing
+from ..files.places import adopt_file, resolve_place
 from ..job.generation import Generation, in_use_here
 from ..job.rendezvous import rendezvous
 from ..protocol import layout
@@ -158,26 +156,8 @@ def file_handler(torch_handler: Callable[..., Iterator[Any]]) -> Callable[..., I
 
 def guard_file_store(path: str) -> str:
     """Make the FileStore file ``path`` this user's (or the named group's) before torch opens it:
-    created exclusively, or, where it exists, refused unless it is a file of this user's nobody
-    else can write, in a place nothing untrusted stands on the way to (files/places.py)."""
-    resolved = resolve_place(path, FIX_FILE_STORE)
-    share = sharing()
-    try:
-        fd = os.open(resolved, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, share.file_mode)
-        os.fchmod(fd, share.file_mode)  # whatever the umask
-        if share.gid is not None:
-            os.fchown(fd, -1, share.gid)
-    except FileExistsError:
-        try:
-            fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | OPEN_FLAGS)
-        except OSError as exc:
-            raise refusal(resolved, "file", exc, FIX_FILE_STORE) from None
-    try:
-        check_open(fd, resolved, "file", FIX_FILE_STORE)
-        check_descriptor_mount(fd, resolved, share.trusts, FIX_FILE_STORE)
-    finally:
-        os.close(fd)
-    return resolved
+    made exclusively, or the one in place checked (files/places.py ``adopt_file``)."""
+    return adopt_file(path, FIX_FILE_STORE)
 
 
 def _initializing_fsdist() -> bool:

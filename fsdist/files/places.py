@@ -29,9 +29,11 @@ from collections import deque
 from ..defaults import ENV_GROUP, ENV_LOCAL_DIR, local_dir
 from ..errors import FsdistError, UntrustedPathError
 from .foreign_mounts import MountTable, check_descriptor_mount
-from .trust import OPEN_FLAGS, Sharing, check_open, describe, make_private_dir, sharing, user_name
+from .trust import OPEN_FLAGS, Sharing, check_open, describe, make_private_dir, refusal, sharing, user_name
 
-__all__ = ["FIX_RUN_DIR", "adopt_run_directory", "existing_node_directory", "node_directory", "resolve_place"]
+__all__ = [
+    "FIX_RUN_DIR", "adopt_file", "adopt_run_directory", "existing_node_directory", "node_directory", "resolve_place",
+]  # fmt: skip
 
 _log = logging.getLogger(__name__)
 _MAX_LINKS = 40  # as the kernel's ELOOP limit
@@ -53,6 +55,30 @@ def adopt_run_directory(path: str, create: bool = True) -> str:
     resolved = resolve_place(path, FIX_RUN_DIR)
     if create or os.path.lexists(resolved):
         make_private_dir(resolved, fix=FIX_RUN_DIR, opened=lambda fd: _check_mount(fd, resolved, FIX_RUN_DIR))
+    return resolved
+
+
+def adopt_file(path: str, fix: str) -> str:
+    """A file of fsdist's at ``path`` (resolved by ``resolve_place``) that another program will
+    open by name (torch's FileStore): made exclusively, this user's (or the group's) whatever the
+    umask, or the one in place refused unless it passes ``check_open``; on no foreign mount."""
+    resolved = resolve_place(path, fix)
+    share = sharing()
+    try:
+        fd = os.open(resolved, os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS, share.file_mode)
+        os.fchmod(fd, share.file_mode)
+        if share.gid is not None:
+            os.fchown(fd, -1, share.gid)
+    except FileExistsError:
+        try:
+            fd = os.open(resolved, os.O_RDONLY | os.O_NONBLOCK | OPEN_FLAGS)
+        except OSError as exc:
+            raise refusal(resolved, "file", exc, fix) from None
+    try:
+        check_open(fd, resolved, "file", fix)
+        _check_mount(fd, resolved, fix)
+    finally:
+        os.close(fd)
     return resolved
 
 

@@ -22,7 +22,17 @@ from typing import Any
 from ...files.trust import make_private_dir
 from .. import ranks
 from . import report
-from .plan import BACKENDS, DEFAULT_RANKS, DEFAULT_SIZES, MAC_BACKENDS, NODE_BACKENDS, OPS, Plan, parse_size
+from .plan import (
+    BACKENDS,
+    DEFAULT_OPS,
+    DEFAULT_RANKS,
+    DEFAULT_SIZES,
+    MAC_BACKENDS,
+    NODE_BACKENDS,
+    OPS,
+    Plan,
+    parse_size,
+)  # fmt: skip
 
 #: A world whose ranks take longer than this is killed (a hang must not outlive the benchmark).
 WORLD_TIMEOUT_SECONDS = 900.0
@@ -31,7 +41,10 @@ WORLD_TIMEOUT_SECONDS = 900.0
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", default=DEFAULT_RANKS, help=f"world sizes to run (default {DEFAULT_RANKS})")
     parser.add_argument("--sizes", default=DEFAULT_SIZES, help=f"message sizes S (default {DEFAULT_SIZES})")
-    parser.add_argument("--ops", default=",".join(OPS), help="operations (default: all of them)")
+    parser.add_argument(
+        "--ops", default="",
+        help=f"operations, of {', '.join(OPS)} (default: all but broadcast_bytes, which --mac adds)",
+    )  # fmt: skip
     parser.add_argument("--dir", default=None, help="where the runs' files go (default /dev/shm, else TMPDIR)")
     parser.add_argument("--against", default="gloo", choices=["gloo", "none"], help="compare with Gloo (default)")
     parser.add_argument("--iters", default="default", help="'default' (by size), 'small' (smoke test) or a count")
@@ -46,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--mac", action="store_true",
-        help="compare fsdist as it is with FSDIST_SECRET_FILE (a keyed MAC on every record and header) and "
-        "with FSDIST_MAC_PAYLOADS=1 too (instead of Gloo): what authentication costs per op and per GB",
+        help="compare fsdist as it is with FSDIST_SECRET_FILE (a keyed MAC on every record and header, and "
+        "on the payloads of byte tensors, which carry torch's pickles) and with FSDIST_MAC_PAYLOADS=1 too "
+        "(every payload) (instead of Gloo): what authentication costs per op and per GB",
     )  # fmt: skip
 
 
@@ -111,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> Plan:
-    ops = [op.strip() for op in args.ops.split(",") if op.strip()]
+    default = ",".join(OPS if args.mac else DEFAULT_OPS)
+    ops = [op.strip() for op in (args.ops or default).split(",") if op.strip()]
     unknown = [op for op in ops if op not in OPS]
     if unknown or not ops:
         raise ValueError(f"unknown ops {unknown}; choose from {', '.join(OPS)}")

@@ -85,6 +85,18 @@ def _broadcast(count: int, rank: int, world: int, group: Group) -> Case:
     )
 
 
+def _broadcast_bytes(count: int, rank: int, world: int, group: Group) -> Case:
+    """A uint8 broadcast of S bytes: what broadcast_object_list sends (a pickle, as bytes)."""
+    want = (torch.arange(count * 4, dtype=torch.int64) % 251).to(torch.uint8)
+    tensor = want.clone() if rank == 0 else torch.zeros(count * 4, dtype=torch.uint8)
+    return Case(
+        count * 4,
+        lambda: dist.broadcast(tensor, src=dist.get_global_rank(group, 0), group=group),
+        lambda: _differs(tensor, want, "broadcast of bytes from rank 0"),
+        lambda: None,
+    )
+
+
 def _all_gather(count: int, rank: int, world: int, group: Group) -> Case:
     piece = count // world
     base = _pattern(piece)
@@ -159,4 +171,5 @@ _BUILDERS: dict[str, Callable[[int, int, int, Group], Case]] = {
     "all_to_all": _all_to_all,
     "sendrecv": _sendrecv,
     "barrier": _barrier,
+    "broadcast_bytes": _broadcast_bytes,
 }

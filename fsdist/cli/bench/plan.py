@@ -10,13 +10,26 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-OPS = ("all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "sendrecv", "barrier")
+OPS = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "sendrecv",
+    "barrier",
+    "broadcast_bytes",
+)
+#: what runs when ``--ops`` names none; ``--mac`` adds broadcast_bytes, a uint8 broadcast, which
+#: is what torch's *_object collectives send (their payloads are tagged under a secret by default)
+DEFAULT_OPS = OPS[:-1]
 DEFAULT_SIZES = "8,1K,64K,1M,16M,64M"
 DEFAULT_RANKS = "2,4"
 BACKENDS = ("fsdist", "gloo")
 #: ``--nodes``: fsdist's two forms side by side (groups of every rank, FSDIST_ALGO at creation)
 NODE_BACKENDS = ("flat", "hier")
-#: ``--mac``: fsdist as it is, with FSDIST_SECRET_FILE, and with FSDIST_MAC_PAYLOADS=1 too
+#: ``--mac``: fsdist as it is, with FSDIST_SECRET_FILE (payload tags on byte tensors only), and with
+#: FSDIST_MAC_PAYLOADS=1 too (on every payload)
 #: (groups of every rank, each made with its settings: files/seal.py Sealer)
 MAC_BACKENDS = ("fsdist", "mac", "mac+payloads")
 
