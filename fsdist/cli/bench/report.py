@@ -193,7 +193,8 @@ def mac_table(rows: list[Row]) -> str:
         ok = "ok" if all(r.verified for r in trio.values()) else "FAILED"
         lines.append(" | ".join(parts) + f" {ok}")
     lines.append(
-        "mac = FSDIST_SECRET_FILE (a keyed BLAKE2b MAC on every record, counter and message header); +payloads ="
+        "mac = FSDIST_SECRET_FILE (a keyed BLAKE2b MAC on every record, counter and message header, and by"
+        " default on the payloads of uint8 tensors: broadcast_bytes, the form of torch's pickles); +payloads ="
         " FSDIST_MAC_PAYLOADS=1 too (every 64 KiB of every tensor sent); + per op = p50 minus fsdist's"
         " (timings of one noisy machine: within a few µs is noise); busbw in GB/s"
     )
