@@ -83,7 +83,12 @@ def ddp_matches_gloo() -> float:
                 opt.zero_grad()
                 torch.nn.functional.mse_loss(ddp(x), y).backward()
                 opt.step()
-            trained.append([p.detach() for p in ddp.module.parameters()])
+            trained.append([p.detach().clone() for p in ddp.module.parameters()])
+            # DDP's reducer goes before its group, on every rank: its destructor waits on the
+            # group's work, and one left for the garbage collector after the Gloo group was
+            # destroyed once hung a rank in C++ (3 ranks, the whole suite on 2 cores)
+            del ddp, opt
+            dist.barrier(group=group)
     finally:
         dist.destroy_process_group(gloo)
     fsdist, by_gloo = trained
