@@ -182,7 +182,7 @@ def plant_adopted_run_directory(path: str, mode: int = 0o777) -> None:
     state = {"format": 1, "generation": generation, "world_size": 2, "members": {}, "complete": False}
     record = os.path.join(path, layout.RENDEZVOUS_FILE)
     with open(record, "wb") as f:
-        f.write(rendezvous_record.encode(state))
+        f.write(rendezvous_record.encode(state, path))
     os.chmod(record, 0o666 if mode == 0o777 else 0o660)
     gen = layout.generation_dir(path, generation)
     group = layout.group_dir(gen, "0", 0)
@@ -350,7 +350,7 @@ def _crash_a_job(home: str, env: dict[str, str]) -> dict[str, Any]:
             os._exit(0)
     os.waitpid(pid, 0)
     with open(os.path.join(home, layout.RENDEZVOUS_FILE), "rb") as f:
-        return {"recorded": rendezvous_record.parse(f.read())}
+        return {"recorded": rendezvous_record.parse(f.read(), home)}
 
 
 def rank_job_without_leaving(home: str, env: dict[str, str]) -> None:
@@ -700,6 +700,59 @@ def _swap_for_link(path: str, target: str) -> None:
     os.symlink(target, path)
 
 
+def scenario_copied_record(shared: str, shm: str) -> dict[str, Any]:
+    """6 (root on another NFS client, who can write as any uid: root here): job A's live record,
+    and its generation folder, copied whole into the victim's directory B. With the secret, a
+    job in B refuses it naming the repair, ``fsdist status B`` calls it unreadable, and
+    ``fsdist clean B`` removes nothing it names; the job in A runs on."""
+    a, b = os.path.join(shared, "victim-a"), os.path.join(shared, "victim-b")
+    keys = os.path.join(shared, "victim-keys")
+    one(VICTIM, _make_secret_home, keys)
+    env = {"FSDIST_LOCAL_DIR": shm, "FSDIST_SECRET_FILE": os.path.join(keys, "secret")}
+    one(VICTIM, _mkdir_mode, b, 0o700)
+    live = as_user(VICTIM, _live_job, a, env, 4.0)
+    copied = one(0, _copy_record, a, b)
+    in_b = job(VICTIM, 1, f"fsdist://{b}", env)
+    status = one(VICTIM, cli, ["status", b], env=env)
+    cleaned = one(VICTIM, cli, ["clean", b], env=env)
+    return {"copied": copied, "in_b": in_b, "status": status, "cleaned": cleaned, "live": collect([live])[0],
+            "left_in_b": one(VICTIM, lambda: sorted(os.listdir(b)))}  # fmt: skip
+
+
+def _make_secret_home(home: str) -> None:
+    os.mkdir(home, 0o700)
+    with open(os.path.join(home, "secret"), "wb") as f:
+        f.write(os.urandom(32))
+
+
+def _live_job(home: str, env: dict[str, str], seconds: float) -> dict[str, Any]:
+    os.environ.update(env)
+    dist.init_process_group("fsdist", init_method=f"fsdist://{home}", rank=0, world_size=1)
+    try:
+        tensor = torch.full((4,), MARKER)
+        dist.all_reduce(tensor)
+        time.sleep(seconds)
+        dist.all_reduce(tensor)
+        return {"right": bool((tensor == MARKER).all())}
+    finally:
+        dist.destroy_process_group()
+
+
+def _copy_record(a: str, b: str) -> list[str]:
+    """Once job A's record names its generation: copy the record and that folder into ``b``."""
+    record, end = os.path.join(a, layout.RENDEZVOUS_FILE), time.monotonic() + 10
+    while time.monotonic() < end and not any(layout.is_generation_dir(n) for n in _names(a)):
+        time.sleep(0.02)
+    time.sleep(0.3)
+    subprocess.run(["cp", "-a", record, *[os.path.join(a, n) for n in _names(a) if layout.is_generation_dir(n)], b],
+                   check=True)  # fmt: skip
+    return _names(b)
+
+
+def _names(folder: str) -> list[str]:
+    return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+
+
 def users_of_this_run(base: str) -> None:
     """Give the uids names and the shared group members, in a mount namespace of this process's
     own (its children inherit it): /etc/passwd and /etc/group bound over with copies that add
@@ -778,6 +831,7 @@ SCENARIOS: dict[str, Callable[[str, str], dict[str, Any]]] = {
     "folders_another_user_owns": scenario_folders_another_user_owns,
     "file_store": scenario_file_store,
     "secret_path": scenario_secret_path,
+    "copied_record": scenario_copied_record,
 }
 
 if __name__ == "__main__":

@@ -225,7 +225,7 @@ RENDEZVOUS_STATE = {
     "format": 1, "generation": "0123456789abcdef", "world_size": 2, "complete": True,
     "members": {"0": _MEMBER, "1": {**_MEMBER, "pid": 11}}, "replaced": ["fedcba9876543210"],
 }  # fmt: skip
-VALID_RENDEZVOUS = rendezvous_record.encode(RENDEZVOUS_STATE)
+VALID_RENDEZVOUS = rendezvous_record.encode(RENDEZVOUS_STATE, "/")  # (the codec alone: no secret, no binding checked)
 _JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
@@ -263,7 +263,7 @@ def test_a_rendezvous_record_is_read_or_refused_as_corrupt(case: tuple[bytes, bo
     """(The example: a Unicode digit as a rank, found at 10,000.)"""
     raw, damaged = case
     try:
-        state = rendezvous_record.parse(raw)
+        state = rendezvous_record.parse(raw, "/")
     except rendezvous_record.CorruptRecordError:
         return
     assert not damaged or state == RENDEZVOUS_STATE or (state == {} and raw == b"")
@@ -487,8 +487,8 @@ def _secret_file(directory: str) -> object:
 
 
 _VALID_RECORD = rendezvous_record.encode(
-    {"format": 1, "generation": "0123456789abcdef", "world_size": 1, "members": {}, "complete": False}
-)
+    {"format": 1, "generation": "0123456789abcdef", "world_size": 1, "members": {}, "complete": False}, "/"
+)  # (valid wherever it lies: without a secret the directory it is bound to is not checked)
 #: reader: (the path it reads, relative to its directory; valid content there; the reader)
 READERS = {
     "rendezvous record": (layout.RENDEZVOUS_FILE, _VALID_RECORD, _rendezvous),

@@ -59,7 +59,7 @@ def test_every_format_refuses_what_was_sealed_without_the_secret(secret) -> None
         unseal_value(seal_value(b"v", "k.key"), "k.other")
     forged = b'{"format": 1}\n#crc32=%08x\n' % int.from_bytes(CRC.tag(b'{"format": 1}')[:4], "little")
     with pytest.raises(rendezvous_record.CorruptRecordError, match="MAC mismatch"):
-        rendezvous_record.parse(forged)
+        rendezvous_record.parse(forged, "/")
     assert unseal_json(seal_json({"a": 1}, "x"), "x") == b'{"a": 1}'
 
 
@@ -250,3 +250,41 @@ def test_by_default_a_secret_tags_the_payloads_that_reach_pickle(secret, monkeyp
     monkeypatch.setenv("FSDIST_MAC_PAYLOADS", "yes")
     with pytest.raises(FsdistError, match="say 1"):
         seal("x")
+
+
+def test_a_record_copied_from_another_run_directory_is_refused(secret, tmp_path) -> None:
+    """Issue 47, 6: the rendezvous record and the restart history are bound to their run
+    directory (its inode number), so job A's live record copied whole into B is refused there:
+    by a job (naming the repair), by ``fsdist status``, and by ``fsdist clean``, which then
+    removes nothing the copy names; a directory moved keeps its records."""
+    from datetime import timedelta
+
+    from fsdist.inspect.status import read_status
+    from fsdist.job.clean import clean
+    from fsdist.job.rendezvous import rendezvous
+    from fsdist.protocol import failure_report, layout
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(mode=0o700)
+    b.mkdir(mode=0o700)
+    live = {"host": os.uname().nodename, "pid": os.getpid(), "start_time": 1, "nonce": "n" * 16}
+    state = {"format": 1, "generation": "0123456789abcdef", "world_size": 2, "complete": True,
+             "members": {"0": live, "1": {**live, "nonce": "m" * 16}}}  # fmt: skip
+    record = rendezvous_record.encode(state, str(a))
+    assert rendezvous_record.parse(record, str(a))["generation"] == "0123456789abcdef"
+    (b / layout.RENDEZVOUS_FILE).write_bytes(record)
+    (b / "gen-0123456789abcdef").mkdir()
+    with pytest.raises(rendezvous_record.CorruptRecordError, match="MAC mismatch"):
+        rendezvous_record.parse(record, str(b))
+    with pytest.raises(rendezvous_record.CorruptRecordError, match="fsdist clean"):
+        rendezvous(str(b), 0, 1, timedelta(seconds=5))
+    assert any("MAC mismatch" in line for line in read_status(str(b)).summary)
+    cleaned = clean(str(b))
+    assert cleaned.removed == [] and (b / "gen-0123456789abcdef").exists(), "clean removed what the copy named"
+    history = failure_report.add_round(b"", "job-a", 2, None, {}, str(a))
+    assert failure_report.parse_rounds(history, str(a))["job"] == "job-a"
+    with pytest.raises(ValueError, match="MAC mismatch"):
+        failure_report.parse_rounds(history, str(b))
+    moved = tmp_path / "moved"
+    a.rename(moved)
+    assert rendezvous_record.parse(record, str(moved))["generation"] == "0123456789abcdef"

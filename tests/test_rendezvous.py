@@ -78,7 +78,7 @@ def test_a_second_live_job_is_refused(pool_factory) -> None:
 def test_foreign_rendezvous_file_is_a_clear_error(tmp_path) -> None:
     for content, says in [
         (json.dumps({"hello": 1}).encode(), "not a sealed JSON record"),  # another program's JSON
-        (rendezvous_record.encode({"hello": 1}), "unknown format"),  # sealed, but not a record
+        (rendezvous_record.encode({"hello": 1}, str(tmp_path)), "unknown format"),  # sealed, but not a record
     ]:
         (tmp_path / RENDEZVOUS_FILE).write_bytes(content)
         with pytest.raises(RendezvousError, match=says):
@@ -109,7 +109,7 @@ def test_dead_holder_of_a_slot_in_a_forming_generation_is_replaced_whatever_the_
 
     dead = {"host": os.uname().nodename, "pid": 2**22 + 7, "start_time": 1, "nonce": "x"}  # no such pid
     stale = {"format": 1, "generation": "deadbeefdeadbeef", "world_size": 2, "complete": False, "members": {"0": dead}}
-    (tmp_path / RENDEZVOUS_FILE).write_bytes(rendezvous_record.encode(stale))
+    (tmp_path / RENDEZVOUS_FILE).write_bytes(rendezvous_record.encode(stale, str(tmp_path)))
     results: dict[int, object] = {}
 
     def join(rank: int, delay: float) -> None:
@@ -151,10 +151,10 @@ def test_an_entry_a_write_under_the_lock_replaced_unseen_is_reported_as_the_lock
         assert time.monotonic() < end, "rank 0 never wrote itself into the rendezvous file"
         time.sleep(0.01)
     with rendezvous_record.locked(str(tmp_path)) as record:
-        state = rendezvous_record.parse(record.read())
+        state = rendezvous_record.parse(record.read(), str(tmp_path))
         assert list(state["members"]) == ["0"]
         other = {"host": "node-b", "pid": 4242, "start_time": 1, "nonce": "b" * 16, "client": "other"}
-        record.update(lambda old: rendezvous_record.encode({**state, "members": {"1": other}}))
+        record.update(lambda old: rendezvous_record.encode({**state, "members": {"1": other}}, str(tmp_path)))
     waiter.join(20)
     assert len(outcome) == 1 and isinstance(outcome[0], RendezvousError), outcome
     text = str(outcome[0])

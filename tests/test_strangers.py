@@ -209,3 +209,15 @@ def test_a_secret_file_is_resolved_like_a_run_directory(outcome, how: str, words
         assert "head -c 32 /dev/urandom" in rank["error"] or how != "zeros", rank
         assert rank["seconds"] < strangers.REFUSE_WITHIN, rank
     ran_right(found["own"])
+
+
+def test_a_record_copied_from_another_run_directory_is_refused(outcome) -> None:
+    found = result(outcome, "copied_record")
+    assert any(n.startswith("gen-") for n in found["copied"]["value"]), found["copied"]
+    (rank,) = found["in_b"]
+    assert "MAC mismatch" in rank.get("error", "") and "fsdist clean" in rank["error"], rank
+    assert rank["seconds"] < strangers.REFUSE_WITHIN, rank
+    assert "MAC mismatch" in found["status"]["value"]["out"] + found["status"]["value"]["err"], found["status"]
+    assert "removed gen-" not in found["cleaned"]["value"]["out"], found["cleaned"]
+    assert any(n.startswith("gen-") for n in found["left_in_b"]["value"]), "clean removed what the copy named"
+    assert found["live"]["value"]["right"], found["live"]

@@ -334,7 +334,7 @@ def _sweep(base: str) -> None:
                 raw = locked.try_read()
             if raw is None:
                 continue  # a live job is changing it right now
-            members = rendezvous_record.parse(raw).get("members", {}).values()
+            members = rendezvous_record.parse(raw, path).get("members", {}).values()
             if members and all(m.get("left") or _dead(m) for m in members):
                 remove_tree(path)
                 log.info("fsdist: removed %s, left by a job that died", path)

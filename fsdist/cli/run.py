@@ -313,7 +313,7 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def _record_round(directory: str, job: str, max_restarts: int, restart: int | None, failure: dict[str, Any]) -> None:
     path = os.path.join(directory, layout.LAUNCH_DIR, layout.ROUNDS_FILE)
     with LockedRecord(path) as rounds:
-        rounds.update(lambda old: failure_report.add_round(old, job, max_restarts, restart, failure))
+        rounds.update(lambda old: failure_report.add_round(old, job, max_restarts, restart, failure, directory))
 
 
 def _start(

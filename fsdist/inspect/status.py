@@ -105,7 +105,7 @@ def read_status(directory: str) -> RunStatus:
     status.launcher_failure = _launcher_failure(directory)
     status.restarts = _restarts(directory)
     try:
-        state = rendezvous_record.parse(raw)
+        state = rendezvous_record.parse(raw, directory)
     except RendezvousError as exc:
         status.summary.append(f"{os.path.join(directory, layout.RENDEZVOUS_FILE)}: {exc}")
         return status
@@ -343,7 +343,7 @@ def _restarts(directory: str) -> dict[str, Any] | None:
     if not raw:
         return None
     try:
-        return failure_report.parse_rounds(raw)
+        return failure_report.parse_rounds(raw, directory)
     except ValueError as exc:
         return {"reason": f"unreadable restart history ({exc})"}
 

@@ -45,7 +45,7 @@ def claim(root: str, members: list[dict[str, Any]], timeout: timedelta, owns_roo
     def take(old: bytes) -> bytes | None:
         nonlocal state
         try:
-            previous = parse(old)
+            previous = parse(old, root)
         except CorruptRecordError as exc:
             raise unusable(root, exc) from exc
         try:
@@ -55,13 +55,13 @@ def claim(root: str, members: list[dict[str, Any]], timeout: timedelta, owns_roo
                 raise  # never disturb a running job
             previous["conflict"] = conflict_message(previous, 0, world_size, members[0])  # fail its ranks too
             conflict.append(exc)
-            return rendezvous_record.encode(previous)
+            return rendezvous_record.encode(previous, root)
         if verdict != "replace":
             return None  # the previous job is leaving: wait for its last member
         state = new_generation(root, world_size, previous)
         state["members"] = {str(r): m for r, m in enumerate(members)}
         state["complete"] = True
-        return rendezvous_record.encode(state)
+        return rendezvous_record.encode(state, root)
 
     def taken() -> bool | None:
         record.update(take)
@@ -96,7 +96,7 @@ def confirm(
     while True:
         try:
             with rendezvous_record.locked(root, create=False) as record:
-                state = parse(record.read())
+                state = parse(record.read(), root)
             member = state.get("members", {}).get(str(rank), {})
             if state.get("generation") == generation_id and member.get("nonce") == nonce:
                 remove_node_tiers(state.get("replaced", []))  # what the dead generations left on this node
@@ -119,7 +119,7 @@ def withdraw(generation: Generation) -> None:
     """Undo ``claim`` after the job failed to form: its members never start, so they all leave."""
 
     def drop(old: bytes) -> bytes | None:
-        if parse(old).get("generation") != generation.generation_id:
+        if parse(old, generation.root).get("generation") != generation.generation_id:
             return None
         remove_tree(generation.directory)
         return b""

@@ -54,10 +54,10 @@ def clean(root: str, force: bool = False) -> Cleaned:
 
         def wipe(old: bytes) -> bytes:
             try:
-                state = parse(old)
+                state = parse(old, root)
                 named = recorded_generations(state)
             except CorruptRecordError as exc:
-                cleaned.repaired, state, named = str(exc), {}, _salvage(old)
+                cleaned.repaired, state, named = str(exc), {}, _salvage(old, root)
             for member in state.get("members", {}).values():
                 who = Identity.from_json(member)
                 alive = is_alive(who)
@@ -97,11 +97,11 @@ def remove_generations(root: str, generation_ids: list[str]) -> list[str]:
     return removed
 
 
-def _salvage(raw: bytes) -> list[str]:
+def _salvage(raw: bytes, root: str) -> list[str]:
     """The generation ids a record that failed validation names, if its seal still holds (its
     bytes are as some writer wrote them); none otherwise."""
     try:
-        state = json.loads(unseal_json(raw, layout.RENDEZVOUS_FILE))
+        state = json.loads(unseal_json(raw, rendezvous_record.binding(root)))
     except (ValueError, RecursionError):
         return []
     if not isinstance(state, dict):
@@ -136,7 +136,7 @@ def retire_stopped(root: str) -> None:
     with rendezvous_record.locked(root) as record:
 
         def mark(old: bytes) -> bytes | None:
-            state = parse(old)
+            state = parse(old, root)
             if not state:
                 return None
             running = [m for m in state["members"].values() if not m.get("left")]
@@ -147,7 +147,7 @@ def retire_stopped(root: str) -> None:
             here = node_id()
             if not any(s for m, s in zip(running, alive, strict=True) if Identity.from_json(m).placement == here):
                 remove_node_tiers([state["generation"]], here)  # no rank of this node runs: its tiers are over
-            return rendezvous_record.encode(state) if False in alive else None
+            return rendezvous_record.encode(state, root) if False in alive else None
 
         record.update(mark)
 

@@ -123,7 +123,7 @@ class Generation:
         emptied = False
 
         def mark(old: bytes) -> bytes | None:
-            state = parse(old)
+            state = parse(old, self.root)
             if state.get("generation") != self.generation_id:
                 return None  # already replaced (we were presumed dead): nothing of ours is left
             state["members"][str(self.rank)]["left"] = True
@@ -135,7 +135,7 @@ class Generation:
                 emptied = True
                 _remove_generation_folder(self.directory)
                 return b""
-            return rendezvous_record.encode(state)
+            return rendezvous_record.encode(state, self.root)
 
         with rendezvous_record.locked(self.root) as record:
             record.update(mark)
@@ -181,7 +181,7 @@ def _runs(root: str) -> bool:
     except (OSError, FsdistError):
         return True  # not ours to judge
     try:
-        members = parse(raw).get("members", {}).values() if raw else []
+        members = parse(raw, root).get("members", {}).values() if raw else []
     except (ValueError, FsdistError):
         return True
     return any(not member.get("left") for member in members)

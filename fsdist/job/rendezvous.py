@@ -92,7 +92,7 @@ def rendezvous(
 
         def join(old: bytes) -> bytes | None:
             nonlocal state
-            state = parse(old)
+            state = parse(old, root)
             if joined and my_slot() is None:
                 raise lost_entry(joined[0])
             retired = retire_own_stale_entries(state, me, in_use)
@@ -110,11 +110,11 @@ def rendezvous(
                     raise RendezvousError(state["conflict"])
                 if elastic and not state["complete"] and last_call_over(state):
                     close(state)
-                    return rendezvous_record.encode(state)
+                    return rendezvous_record.encode(state, root)
                 return None  # already a member: just watching the generation fill up
             waiting = wait_for_next_round(state) if elastic else None
             if waiting is not None:  # on the running generation's waiting list
-                return rendezvous_record.encode(state) if waiting else None
+                return rendezvous_record.encode(state, root) if waiting else None
             try:
                 verdict = judge(state, rank, world_size, me, unit)
             except RendezvousError as exc:
@@ -124,9 +124,9 @@ def rendezvous(
                 # already waiting would otherwise wait for the whole timeout; fail them too
                 state["conflict"] = conflict_message(state, rank, world_size, me, unit)
                 conflict.append(exc)
-                return rendezvous_record.encode(state)
+                return rendezvous_record.encode(state, root)
             if verdict == "wait":  # the previous job is shutting down: let it finish
-                return rendezvous_record.encode(state) if retired else None
+                return rendezvous_record.encode(state, root) if retired else None
             if verdict == "replace":
                 state = new_generation(root, world_size, previous=state)
                 if elastic:
@@ -137,7 +137,7 @@ def rendezvous(
             state["members"][str(slot)] = me
             state["complete"] = len(state["members"]) == world_size
             joined[:] = [state["generation"]]
-            return rendezvous_record.encode(state)
+            return rendezvous_record.encode(state, root)
 
         joined: list[str] = []  # the generation this rank wrote itself into (while it waits)
 
@@ -175,7 +175,7 @@ def rendezvous(
                 if isinstance(exc, CorruptRecordError):
                     raise guard.suspect(root, unusable(root, exc)) from exc
                 reason = str(exc)
-                record.update(lambda old: mark_refused(old, me["nonce"], reason))
+                record.update(lambda old: mark_refused(old, me["nonce"], reason, root))
                 raise
             if my_slot() is not None and state["complete"]:
                 return state
@@ -262,7 +262,7 @@ def membership_changes(generation: Generation) -> int:
     wait to join it (elastic): what its other members must re-form for. A generation no longer
     recorded counts as one change."""
     with rendezvous_record.locked(generation.root) as record:
-        state = parse(record.read())
+        state = parse(record.read(), generation.root)
     if state.get("generation") != generation.generation_id:
         return 1
     left = sum(1 for r, m in state["members"].items() if m.get("left") and int(r) != generation.rank)

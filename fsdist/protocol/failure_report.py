@@ -17,7 +17,7 @@ import json
 import math
 from typing import Any
 
-from .sealed import seal_json, unseal_json
+from .sealed import bound_to_directory, seal_json, unseal_json
 
 __all__ = ["MAX_BYTES", "MAX_ROUNDS", "add_round", "encode", "parse", "parse_rounds"]
 
@@ -69,24 +69,27 @@ def _checked(report: Any) -> dict[str, Any]:
 
 
 def add_round(
-    raw: bytes, job: str, max_restarts: int, round_index: int | None, failure: dict[str, Any]
-) -> bytes | None:
+    raw: bytes, job: str, max_restarts: int, round_index: int | None, failure: dict[str, Any],
+    directory: str | None = None,
+) -> bytes | None:  # fmt: skip
     """The history ``raw`` with ``failure`` as round ``round_index``'s; None: nothing changes.
+    ``directory``: the run directory it lies in, which its seal is bound to (``parse_rounds``).
 
     Every launcher of a round offers the round's first failure; the first offer is kept, unless
     it was a consequence (``PeerFailedError``, ``GroupBrokenError``) and this one is not. A
     history of another job (an earlier run in the directory), or a damaged one, is started
     afresh; ``round_index=None`` only does that (a launcher starting a job).
     """
+    identity = _history_identity(directory)
     try:
-        history = parse_rounds(raw)
+        history = parse_rounds(raw, directory)
     except ValueError:
         history = {}
     fresh = history.get("job") != job
     if fresh:
         history = {"format": 1, "job": job, "max_restarts": max_restarts, "rounds": []}
     if round_index is None:
-        return seal_json(history, _HISTORY) if fresh else None
+        return seal_json(history, identity) if fresh else None
     rounds = history["rounds"]
     entry = _round_entry(failure, round_index)
     same = [i for i, e in enumerate(rounds) if e["round"] == round_index]
@@ -95,10 +98,10 @@ def add_round(
             return None
         rounds[same[0]] = entry
     elif len(rounds) >= MAX_ROUNDS:
-        return seal_json(history, _HISTORY) if fresh else None
+        return seal_json(history, identity) if fresh else None
     else:
         rounds.append(entry)
-    return seal_json(history, _HISTORY)
+    return seal_json(history, identity)
 
 
 def _is_consequence(failure: dict[str, Any]) -> bool:
@@ -118,13 +121,19 @@ def _round_entry(failure: dict[str, Any], round_index: int) -> dict[str, Any]:
     return entry
 
 
-def parse_rounds(raw: bytes) -> dict[str, Any]:
-    """The restart history's checked fields: job, max_restarts and rounds (``ValueError`` if not one)."""
+def _history_identity(directory: str | None) -> str:
+    return _HISTORY if directory is None else bound_to_directory(_HISTORY, directory)
+
+
+def parse_rounds(raw: bytes, directory: str | None = None) -> dict[str, Any]:
+    """The restart history's checked fields: job, max_restarts and rounds (``ValueError`` if not
+    one). ``directory``: the run directory it lies in (its seal is bound to it: a history copied
+    from another run directory is refused under FSDIST_SECRET_FILE); None for the bytes alone."""
     if not raw:
         raise ValueError("no restart history")
     if len(raw) > MAX_BYTES:
         raise ValueError(f"restart history of {len(raw)} bytes is larger than {MAX_BYTES}")
-    history = _loads(unseal_json(raw, _HISTORY))
+    history = _loads(unseal_json(raw, _history_identity(directory)))
     if not isinstance(history, dict) or history.get("format") != 1:
         raise ValueError("restart history is not a format-1 JSON object")
     job, max_restarts, rounds = history.get("job"), history.get("max_restarts"), history.get("rounds")

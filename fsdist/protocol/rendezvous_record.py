@@ -31,7 +31,7 @@ from typing import Any
 from ..errors import ProtocolError, RendezvousError
 from ..files.locks import LockedRecord
 from . import layout
-from .sealed import seal_json, unseal_json
+from .sealed import bound_to_directory, seal_json, unseal_json
 
 __all__ = [
     "FORMAT",
@@ -91,15 +91,26 @@ def is_generation_id(text: str) -> bool:
     return _GENERATION_ID.fullmatch(text) is not None
 
 
-def parse(raw: bytes) -> dict[str, Any]:
-    """The record in ``raw`` (``{}`` for an empty file), checked field by field."""
+def binding(root: str) -> str:
+    """The identity the record of run directory ``root`` is sealed under (sealed.py
+    ``bound_to_directory``): a record copied from another run directory is refused there."""
+    return bound_to_directory(layout.RENDEZVOUS_FILE, root)
+
+
+def parse(raw: bytes, root: str) -> dict[str, Any]:
+    """The record of run directory ``root`` in ``raw`` (``{}`` for an empty file), checked field by field."""
     if not raw:
         return {}
     try:
-        state = json.loads(unseal_json(raw, layout.RENDEZVOUS_FILE))
+        state = json.loads(unseal_json(raw, binding(root)))
     except (ValueError, RecursionError) as exc:  # RecursionError: nested too deeply
+        copied = (
+            f" (with the same secret on every rank: written in another run directory and copied here, or this "
+            f"machine sees {root} with another inode number than the one that wrote it: compare ls -id on each)"
+            if "MAC mismatch" in str(exc) else ""
+        )  # fmt: skip
         raise CorruptRecordError(
-            f"the rendezvous file is not a sealed JSON record (foreign or corrupt): {exc}"
+            f"the rendezvous file is not a sealed JSON record (foreign or corrupt): {exc}{copied}"
         ) from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CorruptRecordError(f"the rendezvous file has an unknown format: {str(state)[:200]}")
@@ -109,9 +120,9 @@ def parse(raw: bytes) -> dict[str, Any]:
     return state
 
 
-def encode(state: dict[str, Any]) -> bytes:
-    """The record's bytes for ``state`` (what every writer of the rendezvous file writes)."""
-    raw = seal_json(state, layout.RENDEZVOUS_FILE)
+def encode(state: dict[str, Any], root: str) -> bytes:
+    """The bytes of run directory ``root``'s record for ``state`` (what every writer of the rendezvous file writes)."""
+    raw = seal_json(state, binding(root))
     if len(raw) > MAX_BYTES:
         raise RendezvousError(f"the rendezvous record would hold {len(raw)} bytes, more than {MAX_BYTES}")
     return raw
@@ -162,14 +173,14 @@ def _member_problem(member: Any) -> str | None:
     return None
 
 
-def mark_refused(old: bytes, nonce: str, reason: str) -> bytes | None:
+def mark_refused(old: bytes, nonce: str, reason: str, root: str) -> bytes | None:
     """Record that this rank refused the generation, so its peers fail with the same reason."""
-    state = parse(old)
+    state = parse(old, root)
     mine = [m for m in state.get("members", {}).values() if m.get("nonce") == nonce]
     if not mine:
         return None
     mine[0].update(left=True, refused=reason)
-    return encode(state)
+    return encode(state, root)
 
 
 #: How a rendezvous's messages name its members: the ranks of a job, or the launchers of a job's

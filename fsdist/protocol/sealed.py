@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import re
 from typing import Any
 
 from ..files.seal import TAG_BYTES, Seal, seal
 
 __all__ = [
-    "MAX_VALUE_BYTES", "SEAL_BYTES", "seal_json", "seal_text", "seal_value", "unseal_json", "unseal_text",
-    "unseal_value",
+    "MAX_VALUE_BYTES", "SEAL_BYTES", "bound_to_directory", "seal_json", "seal_text", "seal_value", "unseal_json",
+    "unseal_text", "unseal_value",
 ]  # fmt: skip
 
 #: The largest store value (torch's own are a few hundred bytes; a larger ``set`` is refused, and
@@ -39,6 +40,21 @@ MAX_VALUE_BYTES = 64 << 20
 SEAL_BYTES = TAG_BYTES
 
 _JSON_SEAL = re.compile(rb"\n#(?:crc32|mac)=[0-9a-f]+\n\Z")
+
+
+def bound_to_directory(identity: str, directory: str) -> str:
+    """``identity`` (a record at the top of a run directory, outside every generation) bound to
+    ``directory``'s inode number: every client of a cluster filesystem sees the same one (NFS's
+    fileid) and nobody can choose it, so under FSDIST_SECRET_FILE a record copied whole from
+    another run directory fails its MAC there (a CRC, without the secret, ignores identities).
+    Read once per path and process: moving the directory keeps it, copying it does not."""
+    inode = _INODES.get(directory)
+    if inode is None:
+        inode = _INODES[directory] = os.stat(directory).st_ino
+    return f"{identity}@{inode}"
+
+
+_INODES: dict[str, int] = {}
 
 
 def _line(body: bytes, check: Seal) -> bytes:
