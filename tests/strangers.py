@@ -45,7 +45,7 @@ import fsdist.cli.doctor
 import fsdist.cli.run
 import fsdist.cli.status  # noqa: F401
 from fsdist.cli.main import main as fsdist_main
-from fsdist.protocol import layout, rendezvous_record
+from fsdist.protocol import layout, rendezvous_record, state_record
 
 try:  # the attacker's FUSE daemon: mfusepy (the test extra) over libfuse 3 (Debian's fuse3)
     import impostor_fs
@@ -753,6 +753,84 @@ def _names(folder: str) -> list[str]:
     return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
 
 
+def scenario_forged_pickle(shared: str, shm: str) -> dict[str, Any]:
+    """2 (root on another NFS client: root here): the victim's job has FSDIST_SECRET_FILE and
+    nothing else set; rank 0 broadcasts an object. Root replaces its pickle, in rank 0's record
+    (an inline slot, its CRC recomputed) or in its message file, by one of the same length that
+    runs ``touch``, leaving the header and its MAC as they were; then rank 1 receives. Both
+    ranks refuse it, naming the payload, and the command never runs; with FSDIST_MAC_PAYLOADS=0
+    it runs, as the victim (which is what the default prevents)."""
+    keys = os.path.join(shared, "victim-keys")
+    one(VICTIM, _make_secret_home, keys)
+    out = {}
+    cases = (("inline", 100, ""), ("file", 1 << 20, ""), ("opted_out", 100, "0"))  # (the last: the attack is real)
+    for form, extra, payloads in cases:
+        path = os.path.join(shared, f"victim-objects-{form}")
+        flag, ran = path + ".forged", os.path.join(shared, f"pwned-{form}")
+        env = {"FSDIST_LOCAL_DIR": shm, "FSDIST_SECRET_FILE": os.path.join(keys, "secret"),
+               "FSDIST_MAC_PAYLOADS": payloads}  # fmt: skip
+        ranks = [as_user(VICTIM, _object_rank, r, path, env, extra, flag) for r in range(2)]
+        forger = as_user(0, _forge_pickle, path, flag, ran)
+        out[form] = {"ranks": collect(ranks, timeout=60), "forger": collect([forger])[0],
+                     "ran": os.path.exists(ran)}  # fmt: skip
+    return out
+
+
+def _object_rank(rank: int, path: str, env: dict[str, str], extra: int, flag: str) -> dict[str, Any]:
+    os.environ.update(env)
+    dist.init_process_group("fsdist", init_method=f"fsdist://{path}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=30))  # fmt: skip
+    try:
+        if rank == 0:
+            dist.broadcast_object_list([{"mark": "the-victims-own-object", "pad": "x" * extra}], src=0)
+            dist.barrier()
+            return {"sent": True}
+        end = time.monotonic() + 20
+        while not os.path.exists(flag) and time.monotonic() < end:
+            time.sleep(0.01)
+        received: list[Any] = [None]
+        dist.broadcast_object_list(received, src=0)
+        return {"received": repr(received[0])[:80]}
+    finally:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _forge_pickle(path: str, flag: str, ran: str) -> str:
+    """Find the victim's pickle (by its text) in the group's folder, and put in its place a pickle
+    of the same length that runs ``touch RAN`` (trailing bytes after its STOP are never read)."""
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        for folder, _, names in os.walk(path):
+            for name in names:
+                file = os.path.join(folder, name)
+                if not os.path.isfile(file) or os.path.islink(file):
+                    continue
+                with open(file, "r+b") as f:
+                    data = bytearray(f.read())
+                    mark = data.find(b"the-victims-own-object")
+                    start = data.rfind(b"\x80\x04\x95", 0, max(mark, 0))
+                    if mark < 0 or start < 0:
+                        continue
+                    length = data.find(b"u.", data.rfind(b"x" * 64)) + 2 - start  # (it ends after the padding)
+                    evil = f"cos\nsystem\n(S'touch {ran}'\ntR.".encode()
+                    data[start : start + length] = evil + bytes(length - len(evil))
+                    if name.startswith("state."):  # an inline slot: recompute its CRC, as a forger would
+                        slot = (start - state_record.HEADER_SIZE) // state_record.INLINE_SLOT_BYTES
+                        at = state_record.slot_offset(slot)
+                        seq, step, size, _ = struct.unpack_from("<qIII", data, at)
+                        data[at : at + 20 + size] = state_record.encode_slot(
+                            seq, step, bytes(data[at + 20 : at + 20 + size])
+                        )
+                    f.seek(0)
+                    f.write(data)
+                open(flag, "w").close()
+                return "state record" if name.startswith("state.") else "message file"
+        time.sleep(0.005)
+    open(flag, "w").close()
+    return "never found the pickle"
+
+
 def users_of_this_run(base: str) -> None:
     """Give the uids names and the shared group members, in a mount namespace of this process's
     own (its children inherit it): /etc/passwd and /etc/group bound over with copies that add
@@ -832,6 +910,7 @@ SCENARIOS: dict[str, Callable[[str, str], dict[str, Any]]] = {
     "file_store": scenario_file_store,
     "secret_path": scenario_secret_path,
     "copied_record": scenario_copied_record,
+    "forged_pickle": scenario_forged_pickle,
 }
 
 if __name__ == "__main__":

@@ -221,3 +221,19 @@ def test_a_record_copied_from_another_run_directory_is_refused(outcome) -> None:
     assert "removed gen-" not in found["cleaned"]["value"]["out"], found["cleaned"]
     assert any(n.startswith("gen-") for n in found["left_in_b"]["value"]), "clean removed what the copy named"
     assert found["live"]["value"]["right"], found["live"]
+
+
+@pytest.mark.parametrize("form,where", [("inline", "state record"), ("file", "message file")])
+def test_a_forged_pickle_is_refused_before_it_runs(outcome, form: str, where: str) -> None:
+    found = result(outcome, "forged_pickle")[form]
+    assert found["forger"]["value"] == where, found["forger"]
+    sender, receiver = found["ranks"]
+    assert "MAC mismatch" in receiver.get("error", "") and "payload" in receiver["error"], receiver
+    assert "MAC mismatch" in sender.get("error", ""), sender
+    assert not found["ran"], "the forged pickle ran its command as the victim"
+
+
+def test_a_forged_pickle_runs_as_the_victim_where_payload_tags_are_turned_off(outcome) -> None:
+    found = result(outcome, "forged_pickle")["opted_out"]
+    assert found["forger"]["value"] == "state record", found["forger"]
+    assert found["ran"], "the forgery should have run with FSDIST_MAC_PAYLOADS=0: the test shows nothing"
