@@ -198,13 +198,16 @@ def describe(
     reduction: Reduction | None = None,
     tag: int | None = None,
     dtype: torch.dtype | None = None,
+    unshown: Sequence[torch.Tensor] = (),
 ) -> str:
     """E.g. ``all_reduce SUM float32[1000]`` or ``broadcast root=2 int64[3, 4]``.
 
     Every operation describes its tensors before it is queued, so this is also where tensors
-    that cannot travel are refused, the same way on every rank.
+    that cannot travel are refused, the same way on every rank: those described, and
+    ``unshown``, the operation's other tensors (outputs a gather fills, the pieces of an
+    all_to_all, whose shapes may differ from rank to rank and so stay out of the text).
     """
-    for tensor in tensors:
+    for tensor in (*tensors, *unshown):
         check_stageable(tensor)
     words = [name]
     if reduction is not None:

@@ -240,7 +240,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         def arguments(s: Staging) -> tuple[Any, ...]:
             return [[s.output(o) for o in outs] for outs in by_rank], [s.input(x) for x in inputs]
 
-        return self._submit(describe(name, inputs), flat, "all_gather", arguments, inputs)
+        return self._submit(describe(name, inputs, unshown=flat), flat, "all_gather", arguments, inputs)
 
     def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> FsdistWork:
         return self.all_gather_single_coalesced([output], [tensor], opts, name="all_gather_into_tensor")
@@ -261,7 +261,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             ]
             return by_rank, [s.input(x) for x in inputs]
 
-        return self._submit(describe(name, inputs), list(outputs), "all_gather", arguments, inputs)
+        return self._submit(describe(name, inputs, unshown=outputs), list(outputs), "all_gather", arguments, inputs)
 
     def gather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
         output_lists, inputs, opts = args.gather(output_lists, inputs, opts)
@@ -273,7 +273,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             args.same_list(outputs, tensor, self.size(), "gather")
         elif output_lists and any(output_lists):
             raise ValueError("gather: only the root may pass output tensors")
-        desc = describe("gather", inputs, root=root)
+        desc = describe("gather", inputs, root=root, unshown=outputs)
         return self._submit(
             desc, list(outputs), "gather", lambda s: ([s.output(o) for o in outputs], s.input(tensor), root), [tensor]
         )
@@ -295,7 +295,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 outputs = [tensor.new_empty(tensor.shape) for _ in range(self.size())]
             return outputs, s.input(tensor), root
 
-        desc = describe("gather", [tensor], root=root)  # the list form's: the same operation
+        desc = describe("gather", [tensor], root=root, unshown=[output] if is_root else [])  # the list form's
         return self._submit(desc, [output] if is_root else [], "gather", arguments, [tensor])
 
     def scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any = None) -> FsdistWork:
@@ -308,7 +308,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             args.same_list(inputs, output, self.size(), "scatter")
         elif input_lists and any(input_lists):
             raise ValueError("scatter: only the root may pass input tensors")
-        desc = describe("scatter", outputs, root=root)
+        desc = describe("scatter", outputs, root=root, unshown=inputs)
         return self._submit(
             desc, [output], "scatter", lambda s: (s.output(output), [s.input(x) for x in inputs], root), inputs
         )
@@ -319,7 +319,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         (output,) = args.exactly_one(outputs, "reduce_scatter")
         (inputs,) = args.exactly_one(input_lists, "reduce_scatter inputs")
         args.same_list(inputs, output, self.size(), "reduce_scatter")
-        desc = describe("reduce_scatter", outputs, reduction=reduction)
+        desc = describe("reduce_scatter", outputs, reduction=reduction, unshown=inputs)
         return self._submit(
             desc, [output], "reduce_scatter",
             lambda s: ([s.output(output)], [[s.input(x) for x in inputs]], reduction), inputs,
@@ -344,13 +344,13 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             ]
             return [s.output(o) for o in outputs], pieces, reduction
 
-        desc = describe(name, outputs, reduction=reduction)
+        desc = describe(name, outputs, reduction=reduction, unshown=inputs)
         return self._submit(desc, list(outputs), "reduce_scatter", arguments, inputs)
 
     def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> FsdistWork:
         if len(outputs) != self.size() or len(inputs) != self.size():
             raise ValueError(f"all_to_all needs {self.size()} input and output tensors")
-        desc = describe("all_to_all", inputs[:0], dtype=inputs[0].dtype)
+        desc = describe("all_to_all", [], dtype=inputs[0].dtype, unshown=[*inputs, *outputs])
         return self._submit(
             desc, list(outputs), "all_to_all", lambda s: ([s.output(o) for o in outputs], [s.input(x) for x in inputs]),
             inputs,
@@ -368,7 +368,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             ins = list(s.input(tensor).split(in_splits)) if tensor.dim() else [s.input(tensor)]
             return outs, ins
 
-        desc = describe("all_to_all_single", [], dtype=tensor.dtype)
+        desc = describe("all_to_all_single", [], dtype=tensor.dtype, unshown=[output, tensor])
         return self._submit(desc, [output], "all_to_all", arguments, [tensor])
 
     def barrier(self, opts: Any = None) -> FsdistWork:

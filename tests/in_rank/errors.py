@@ -99,12 +99,17 @@ def modes_of_everything_in_the_run_directory() -> list[str]:
 def tensors_no_file_can_carry() -> list[str]:
     """Meta tensors, and sparse ones outside all_reduce, are refused before any communication;
     the group stays usable."""
-    peer = (dist.get_rank() + 1) % dist.get_world_size()
+    peer, world = (dist.get_rank() + 1) % dist.get_world_size(), dist.get_world_size()
     texts = [
         error_text(lambda: dist.all_reduce(torch.ones(3, device="meta"))),
         error_text(lambda: dist.broadcast(torch.ones(3, device="meta"), src=0)),
         error_text(lambda: dist.send(torch.ones(3, device="meta"), peer)),
         error_text(lambda: dist.broadcast(torch.ones(3).to_sparse(), src=0)),  # all_reduce has sparse SUM
+        # the tensors an operation does not describe (issue 48, 1): refused alike, not in the worker
+        error_text(lambda: dist.all_to_all_single(torch.empty(4, device="meta"), torch.ones(4))),
+        error_text(lambda: dist.all_to_all([torch.ones(2) for _ in range(world)], [torch.ones(2).to_sparse()] * world)),
+        error_text(lambda: dist.all_gather([torch.empty(3, device="meta") for _ in range(world)], torch.ones(3))),
+        error_text(lambda: dist.reduce_scatter(torch.ones(3), [torch.ones(3).to_sparse()] * world)),
     ]
     after = torch.ones(2)
     dist.all_reduce(after)
