@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -99,7 +99,7 @@ def _layout(
     desc = description.encode()[:65535]
     ndims = [tensor.dim() for tensor in tensors]
     sizes = [tensor.numel() * tensor.element_size() for tensor in tensors]
-    payload_tags = _tags_payloads(check, [tensor.dtype for tensor in tensors])
+    payload_tags = _tags_payloads(check, (tensor.dtype for tensor in tensors))  # (no list made without a secret)
     table = TAG_BYTES * sum(_chunks(n) for n in sizes) if payload_tags else 0
     header_len = _FIXED.size + len(desc) + _PART.size * len(tensors) + _DIM.size * sum(ndims) + table + TAG_BYTES
     start = offset = _align(header_len, align)
@@ -207,7 +207,7 @@ def parse_header(head: bytes, where: str, check: Seal) -> Header:
         if len(_PARSED) >= _PARSED_MAX:
             _PARSED.clear()
         _PARSED[key] = known
-    if bool(flags & FLAG_PAYLOAD_TAGS) != (check.payloads != PAYLOADS_NONE and _tags_payloads(check, known[3])):
+    if bool(flags & FLAG_PAYLOAD_TAGS) != _tags_payloads(check, known[3]):
         raise ProtocolError(
             f"{where}: its payload is {'' if flags & FLAG_PAYLOAD_TAGS else 'not '}tagged and this rank's "
             "setting says otherwise: set FSDIST_SECRET_FILE and FSDIST_MAC_PAYLOADS alike on every rank"
@@ -222,9 +222,12 @@ _PARSED: dict[tuple[int, int, int, bytes], _Parsed] = {}
 _PARSED_MAX = 256
 
 
-def _tags_payloads(check: Seal, dtypes: Sequence[torch.dtype] | frozenset[torch.dtype]) -> bool:
-    """Whether a message of parts of ``dtypes`` carries payload tags under ``check``'s setting."""
-    return check.payloads == PAYLOADS_ALL or (check.payloads != PAYLOADS_NONE and torch.uint8 in dtypes)
+def _tags_payloads(check: Seal, dtypes: Iterable[torch.dtype]) -> bool:
+    """Whether a message of parts of ``dtypes`` carries payload tags under ``check``'s setting
+    (``dtypes`` is not looked at without a secret: the common case costs one comparison)."""
+    if check.payloads == PAYLOADS_NONE:
+        return False
+    return check.payloads == PAYLOADS_ALL or torch.uint8 in dtypes
 
 
 def _parse_body(head: bytes, nparts: int, desc_len: int, header_len: int, tagged: bool, where: str) -> _Parsed:
