@@ -88,13 +88,13 @@ def resolve_place(path: str, fix: str = FIX_RUN_DIR) -> str:
     under a refusal. What does not exist yet is left as named: fsdist creates it, privately."""
     share, mounts = sharing(), MountTable()
     parts = deque(part for part in os.path.abspath(path).split("/") if part)
-    resolved, links = "/", 0
+    resolved, resolved_st, links = "/", None, 0  # (resolved_st: its lstat where the walk made one)
     while parts:
         name = parts.popleft()
         if name == "..":
-            resolved = os.path.dirname(resolved)
+            resolved, resolved_st = os.path.dirname(resolved), None
             continue
-        _check_passage(resolved, path, share, fix)
+        _check_passage(resolved, resolved_st or os.lstat(resolved), path, share, fix)
         here = os.path.join(resolved, name)
         mounts.refuse_foreign(here, path, share.trusts, fix)  # before anything asks its daemon
         try:
@@ -114,16 +114,16 @@ def resolve_place(path: str, fix: str = FIX_RUN_DIR) -> str:
             target = os.readlink(here)
             parts.extendleft(reversed([part for part in target.split("/") if part and part != "."]))
             if target.startswith("/"):
-                resolved = "/"
+                resolved, resolved_st = "/", None
             continue
-        resolved = here
+        resolved, resolved_st = here, st
     return resolved
 
 
-def _check_passage(directory: str, path: str, share: Sharing, fix: str) -> None:
-    """Refuse ``directory``, on the way to ``path``, if someone fsdist does not trust may rename
-    what is inside it: its owner, or (without the sticky bit) anyone else who may write it."""
-    st = os.lstat(directory)
+def _check_passage(directory: str, st: os.stat_result, path: str, share: Sharing, fix: str) -> None:
+    """Refuse ``directory`` (``st``: its lstat), on the way to ``path``, if someone fsdist does not
+    trust may rename what is inside it: its owner, or (without the sticky bit) anyone else who may
+    write it."""
     if not share.trusts(st.st_uid):
         raise UntrustedPathError(
             f"refusing {path}: {directory}, on the way to it, belongs to {user_name(st.st_uid)} ({describe(st)}): "
