@@ -351,3 +351,32 @@ def test_lock_contention_starts_counting_once_every_process_opened_its_counter(t
     result = contention.contend([str(tmp_path / "second")], 2, 0.1, max_increments=50, min_increments=6)
     assert min(result.per_process) >= 6 and result.lost_updates == 0, result  # counted on to the least
     assert 20 < result.acquisitions_per_s <= 40, result  # over the time it took: 2 processes, 50 ms each
+
+
+def test_a_directory_another_client_is_making_is_looked_for_again(tmp_path, monkeypatch) -> None:
+    """GlusterFS may answer one client's mkdir with EEXIST while the directory another client is
+    making cannot be opened yet (ENOENT): make_private_dir tries both again, briefly, and then
+    makes or adopts it; a directory that never appears is still an error."""
+    from fsdist.files import trust
+
+    real_mkdir, told = os.mkdir, []
+
+    def mkdir_while_another_makes_it(path: str, mode: int = 0o777) -> None:
+        if not told:  # the first answer: "exists" (another client's mkdir), though nothing is there yet
+            told.append(path)
+            raise FileExistsError(17, "File exists", path)
+        real_mkdir(path, mode)
+
+    monkeypatch.setattr(trust.os, "mkdir", mkdir_while_another_makes_it)
+    made = tmp_path / "store"
+    trust.make_private_dir(str(made))
+    assert told == [str(made)] and made.is_dir() and made.stat().st_mode & 0o777 == 0o700
+
+    def mkdir_always_exists(path: str, mode: int = 0o777) -> None:
+        raise FileExistsError(17, "File exists", path)
+
+    monkeypatch.setattr(trust.os, "mkdir", mkdir_always_exists)
+    started = time.monotonic()
+    with pytest.raises(FileNotFoundError):
+        trust.make_private_dir(str(tmp_path / "never"))
+    assert time.monotonic() - started < trust.GROUP_SETTLE_SECONDS + 1

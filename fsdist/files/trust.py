@@ -233,25 +233,32 @@ def make_private_dir(path: str, fix: str = FIX_INSIDE, opened: Callable[[int], N
 
     With a group, a member that finds the directory another member has just made may meet it
     between that member's ``mkdir`` (the umask's mode, its own group) and its ``fchown`` and
-    ``fchmod``: it looks again for up to GROUP_SETTLE_SECONDS before refusing what it finds."""
+    ``fchmod``: it looks again for up to GROUP_SETTLE_SECONDS before refusing what it finds.
+
+    A directory another client is making may answer ``mkdir`` with EEXIST and ``open`` with
+    ENOENT for a moment (GlusterFS's distribute layer, between the bricks' ``mkdir``s): then
+    it tries both again, for up to GROUP_SETTLE_SECONDS too."""
     parent = os.path.dirname(path)
     if parent and parent != path and not os.path.isdir(parent):
         make_private_dir(parent, fix)  # os.makedirs would give missing parents the default mode
     share = sharing()
-    try:
-        os.mkdir(path, share.dir_mode & 0o777)  # the umask may take bits away, never add
-        made = True
-    except FileExistsError:
-        made = False
-    settle_until = time.monotonic() + GROUP_SETTLE_SECONDS if share.gid is not None and not made else 0.0
+    settle_until = time.monotonic() + GROUP_SETTLE_SECONDS
     while True:
+        try:
+            os.mkdir(path, share.dir_mode & 0o777)  # the umask may take bits away, never add
+            made = True
+        except FileExistsError:
+            made = False
         try:
             _adopt_dir(path, fix, share, made, opened)
             return
-        except (UntrustedPathError, PermissionError):
-            if time.monotonic() >= settle_until:
+        except FileNotFoundError:
+            if made or time.monotonic() >= settle_until:
                 raise
-            time.sleep(0.001)
+        except (UntrustedPathError, PermissionError):
+            if made or share.gid is None or time.monotonic() >= settle_until:
+                raise
+        time.sleep(0.001)
 
 
 def _adopt_dir(path: str, fix: str, share: Sharing, made: bool, opened: Callable[[int], None] | None) -> None:

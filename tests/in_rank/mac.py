@@ -161,8 +161,9 @@ def _rewrite_pickle(deadline: float) -> str:
                 locked.write(bytes(raw))
                 return "inline"
         for path in glob.glob(os.path.join(group, "*.r0*")):
-            if not os.path.isfile(path) or os.path.islink(path):
-                continue  # (a doorbell)
+            if path == record or not os.path.isfile(path) or os.path.islink(path):
+                continue  # (the state record, looked at above under its lock: the pickle may have
+                # reached it since, and rewriting it here would skip the slot's CRC; a doorbell)
             with open(path, "r+b") as file:
                 data = file.read()
                 where = data.find(OBJECT_MARK)
