@@ -40,11 +40,11 @@ from .intraop import limited
 from .monitored import TAG as MONITORED_TAG
 from .monitored import monitored_barrier
 from .placement import group_collectives
-from .receives import ReceiveLoop
+from .receives import ReceiveLoop, StagedWork
 from .sparse import all_reduce_sparse
 from .store import DirectoryStore
 from .store_rendezvous import group_generation
-from .work import FsdistWork, OpQueue, StagedWork
+from .work import FsdistWork, OpQueue
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,12 @@ Tensors = Sequence[torch.Tensor]
 #: an operation's arguments to its algorithm (beside the transport), from its staged tensors
 Arguments = Callable[[Staging], tuple[Any, ...]]
 _UNTIMED = contextlib.nullcontext()  # an operation's timing when debug records are off (debug.py)
+
+
+def _profile(work: FsdistWork, description: str, tensors: Sequence[torch.Tensor], op: str = "") -> None:
+    """Open ``work``'s torch.profiler event where a profiler records on this thread (profiling.py)."""
+    if compat.profiler_enabled():
+        profiling.profile(work, description, tensors, op)
 
 
 @compat.answer_older_method_names  # c10d's older names for the same calls (torch <= 2.12, C++ callers)
@@ -167,7 +173,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                     raise FsdistError(f"rank {self.rank()}, operation #{seq} '{description}': {exc}") from exc
 
         work = FsdistWork(outputs, description)
-        profiling.profile(work, description, inputs or outputs)  # (what it sends, else what it receives)
+        _profile(work, description, inputs or outputs)  # (what it sends, else what it receives)
         return self._queue.submit(work, execute, nbytes)
 
     def _broke(self, error: BaseException) -> None:
@@ -188,7 +194,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         tensors, opts = args.allreduce(tensors, opts)
         if any(x.is_sparse for x in tensors):  # three dense all_gathers, waited for here (sparse.py)
             work = FsdistWork(list(tensors), "all_reduce sparse")
-            profiling.profile(work, work.description, [])
+            _profile(work, work.description, [])
             try:
                 all_reduce_sparse(
                     tensors, opts.reduceOp.op, self.size(), lambda outs, x: self.allgather([outs], [x]).wait()
@@ -383,7 +389,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         staging = Staging()
         hosts = [staging.input(x) for x in tensors]
         work = FsdistWork(list(tensors), desc)
-        profiling.profile(work, desc, tensors)
+        _profile(work, desc, tensors)
         try:  # its copy into a file runs as the worker's would (intraop.py)
             timed = self._ops.timed(None, f"{desc} to {dst}", bytes_moved(tensors)) if self._ops.on else _UNTIMED
             with timed, limited(REDUCE_THREADS):
@@ -412,7 +418,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         staging = Staging()
         hosts = [staging.output(x) for x in tensors]
         work = StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)
-        profiling.profile(work, work.description, tensors, "recv" if src is not None else "recvAnySource")  # (Gloo's)
+        _profile(work, work.description, tensors, "recv" if src is not None else "recvAnySource")  # (Gloo's)
         if self._ops.on:
             start, nbytes = time.perf_counter(), bytes_moved(tensors)
 

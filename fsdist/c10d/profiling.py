@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from . import compat
 
-if TYPE_CHECKING:
-    from .work import FsdistWork
-
-__all__ = ["PREFIX", "profile", "wait_recorded"]
+__all__ = ["PREFIX", "Event", "profile"]
 
 PREFIX = "fsdist:"
 #: how long ``wait`` waits for an event's end to be recorded (it runs on torch's inter-op pool,
@@ -28,21 +25,32 @@ PREFIX = "fsdist:"
 RECORD_SECONDS = 1.0
 
 
-def profile(work: FsdistWork, description: str, tensors: Sequence[torch.Tensor], op: str = "") -> None:
-    """Open ``work``'s event if a profiler records on this thread; ``work.complete`` ends it.
+class Event:
+    """One operation's profiler event: ``end`` ends it from any thread (work.FsdistWork.complete)."""
+
+    __slots__ = ("_ended", "end")
+
+    def __init__(self, name: str, inputs: list[torch.Tensor]) -> None:
+        self.end, self._ended = compat.record_until(name, inputs)
+
+    def wait_recorded(self) -> None:
+        """Return once the ended event is in the profiler's records (so a ``wait()`` right before
+        the profiler stops finds it there), or after RECORD_SECONDS."""
+        deadline = time.monotonic() + RECORD_SECONDS
+        while not self._ended.done() and time.monotonic() < deadline:
+            time.sleep(1e-4)
+
+
+class Profiled(Protocol):
+    """What ``profile`` gives the event to (work.FsdistWork)."""
+
+    event: Event | None
+
+
+def profile(work: Profiled, description: str, tensors: Sequence[torch.Tensor], op: str = "") -> None:
+    """Open ``work``'s event (called where a profiler records on this thread: compat.profiler_enabled).
     ``op``: the event's name after ``fsdist:`` (default: the description's first word, torch's
     name of the operation)."""
-    if not compat.profiler_enabled():
-        return
     name = PREFIX + (op or description.partition(" ")[0])
     # torch records complex tensors by their real view (as Gloo sends them)
-    inputs = [torch.view_as_real(x) if x.is_complex() else x for x in tensors]
-    work.event_end, work.event_ended = compat.record_until(name, inputs)
-
-
-def wait_recorded(ended: torch.futures.Future[object]) -> None:
-    """Return once an ended event is in the profiler's records (so a ``wait()`` right before the
-    profiler stops finds it there), or after RECORD_SECONDS."""
-    deadline = time.monotonic() + RECORD_SECONDS
-    while not ended.done() and time.monotonic() < deadline:
-        time.sleep(1e-4)
+    work.event = Event(name, [torch.view_as_real(x) if x.is_complex() else x for x in tensors])

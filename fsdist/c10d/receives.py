@@ -8,9 +8,12 @@ them, and when.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
+
+import torch
 
 from ..defaults import (
     FIRST_SLEEP_SECONDS,
@@ -22,22 +25,30 @@ from ..defaults import (
 )
 from ..errors import FsdistError, ProtocolError
 from ..transport.p2p import Mailbox, PendingReceive
+from .arguments import Staging
 from .intraop import limit_this_thread, limited
-from .work import IDLE_AFTER_SECONDS, MAX_TICK_SECONDS, FsdistWork
+from .work import FsdistWork, Turns
 
-__all__ = ["ReceiveLoop"]
+__all__ = ["ReceiveLoop", "StagedWork"]
+
+
+class _Posted:
+    """A posted receive, its Work, and when the loop's thread may take it."""
+
+    __slots__ = ("claim_after", "receive", "work")
+
+    def __init__(self, work: FsdistWork, receive: PendingReceive, claim_after: float) -> None:
+        self.work, self.receive, self.claim_after = work, receive, claim_after
 
 
 class ReceiveLoop:
     """Matches posted receives against arrived messages, in posting order.
 
     As with OpQueue's small operations, a caller that waits for its receive matches in its own
-    thread (the message has usually arrived; a hand-off to a thread and back costs two
-    wake-ups), and the loop's thread, not woken per receive, looks every ``HANDOFF_SECONDS``
-    while receives are posted for those nobody waits for (an ``irecv`` tested with
-    ``is_completed()``, a future's callback). One matcher at a time, so a pass sees one
-    snapshot of arrived messages (Mailbox.begin_pass); the thread stays away while a caller
-    matches.
+    thread (the message has usually arrived), and the loop's thread takes those nobody waits
+    for (an ``irecv`` tested with ``is_completed()``, a future's callback) as work.Turns says.
+    One matcher at a time, so a pass sees one snapshot of arrived messages
+    (Mailbox.begin_pass); the thread stays away while a caller matches.
     """
 
     def __init__(
@@ -50,29 +61,24 @@ class ReceiveLoop:
         self._mailbox = mailbox
         self._health_check = health_check
         self._on_corrupt = on_corrupt
-        self._handoff = handoff
-        self._pending: list[tuple[FsdistWork, PendingReceive]] = []
+        self._pending: list[_Posted] = []
         self._cond = threading.Condition()
+        self._turns = Turns(self._cond, handoff)
         self._matching = threading.Lock()
         self._callers = 0  # callers matching in their own thread now
-        self._idle = False  # the thread sleeps without a timeout: a post must wake it
-        self._last_post = 0.0
-        self._tick = handoff
         self._closing = False
         self._thread = threading.Thread(target=self._run, name=f"fsdist-recv-{name}", daemon=True)
         self._thread.start()
 
     def post(self, work: FsdistWork, receive: PendingReceive) -> FsdistWork:
-        work._runner = self
-        work._claim_after = time.monotonic() + self._handoff
+        now = time.monotonic()
+        work.run_here = functools.partial(self._run_in_caller, work)
         with self._cond:
-            self._pending.append((work, receive))
-            self._last_post = work._claim_after - self._handoff
-            if self._idle:
-                self._cond.notify()
+            self._pending.append(_Posted(work, receive, now + self._turns.handoff))
+            self._turns.submitted(now)
         return work
 
-    def run_in_caller(self, work: FsdistWork, seconds: float | None = None) -> None:
+    def _run_in_caller(self, work: FsdistWork, seconds: float | None = None) -> None:
         """Called by ``work.wait()``: match receives here until ``work`` completes (or ``seconds`` pass)."""
         start = time.monotonic()
         end = float("inf") if seconds is None else start + seconds
@@ -119,16 +125,16 @@ class ReceiveLoop:
             return False
         self._mailbox.begin_pass()
         progressed = False
-        for work, receive in pending:
+        for posted in pending:
             try:
-                if not self._mailbox.try_receive(receive):
+                if not self._mailbox.try_receive(posted.receive):
                     continue
                 error = None
             except BaseException as exc:  # noqa: BLE001 - reported to the waiter
                 error = exc
             with self._cond:
-                self._pending = [item for item in self._pending if item[0] is not work]
-            work.complete(error, receive.matched_source)
+                self._pending = [item for item in self._pending if item is not posted]
+            posted.work.complete(error, posted.receive.matched_source)
             if isinstance(error, ProtocolError):
                 self._on_corrupt(error)
             progressed = True
@@ -153,23 +159,14 @@ class ReceiveLoop:
         while True:
             self._mailbox.flush_acknowledgements()  # (outside the lock: a write)
             with self._cond:
-                now = time.monotonic()
-                timeout: float | None
                 if self._closing:
                     return False
-                if self._pending and not self._callers:
-                    oldest = self._pending[0][0]._claim_after
-                    if oldest <= now:
-                        self._tick = self._handoff
-                        return True
-                    timeout = oldest - now
-                elif self._callers or now - self._last_post < IDLE_AFTER_SECONDS:
-                    timeout, self._tick = self._tick, min(self._tick * 2, MAX_TICK_SECONDS)  # as OpQueue's
-                else:
-                    timeout = None
-                self._idle = timeout is None
-                self._cond.wait(timeout)
-                self._idle = False
+                if self._turns.look(self._oldest, busy=self._callers > 0):
+                    return True
+
+    def _oldest(self) -> float | None:
+        """When the thread may take the oldest receive; None while a caller matches, or none is posted."""
+        return self._pending[0].claim_after if self._pending and not self._callers else None
 
     def _run(self) -> None:
         limit_this_thread(REDUCE_THREADS)
@@ -194,8 +191,8 @@ class ReceiveLoop:
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:
             pending, self._pending = self._pending, []
-        for work, _ in pending:
-            work.complete(error)
+        for posted in pending:
+            posted.work.complete(error)
 
     def close(self) -> None:
         """Stop matching: receives still pending now can never complete, so they fail."""
@@ -203,9 +200,31 @@ class ReceiveLoop:
             self._closing = True
             pending, self._pending = self._pending, []
             self._cond.notify()
-        for work, receive in pending:
-            where = "any rank" if receive.source is None else f"rank {receive.source}"
-            work.complete(FsdistError(f"recv from {where} (tag {receive.tag}) never matched: the group was shut down"))
+        for posted in pending:
+            source, tag = posted.receive.source, posted.receive.tag
+            where = "any rank" if source is None else f"rank {source}"
+            posted.work.complete(FsdistError(f"recv from {where} (tag {tag}) never matched: the group was shut down"))
         self._thread.join(timeout=5)
         if not self._thread.is_alive():
             self._mailbox.close()
+
+
+class StagedWork(FsdistWork):
+    """A receive's Work: copies the staged host buffers back before it reports completion."""
+
+    def __init__(self, outputs: list[torch.Tensor], description: str, staging: Staging) -> None:
+        super().__init__(outputs, description)
+        self._staging = staging
+        #: called with (error, source) when the receive ends; debug records use it
+        self.on_complete: Callable[[BaseException | None, int | None], None] | None = None
+
+    def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
+        if error is None:
+            try:
+                self._staging.finish()
+            except BaseException as exc:  # noqa: BLE001
+                error = exc
+        report, self.on_complete = self.on_complete, None  # the first outcome only, like complete()
+        if report is not None:
+            report(error, source)
+        super().complete(error, source)

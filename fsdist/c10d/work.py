@@ -1,4 +1,4 @@
-"""Work objects and the queue that runs a group's operations in issue order.
+"""Work objects, and the queue that runs a group's operations in issue order.
 
 Collectives of a group run one at a time on one FIFO worker thread, in the order the caller
 issued them (sequence numbers are assigned in the calling thread), or on the caller's thread
@@ -12,6 +12,7 @@ not seen by C++ (see TORCH_API.md), so ``wait()`` raises the stored error itself
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -27,25 +28,11 @@ import torch.distributed as dist
 from ..defaults import HANDOFF_SECONDS, INLINE_RUN_BYTES, REDUCE_THREADS
 from ..errors import FsdistTimeoutError, GroupBrokenError
 from . import profiling
-from .arguments import Staging
 from .intraop import SERIAL_BYTES, limit_this_thread, limited
 
 log = logging.getLogger(__name__)
 
-__all__ = ["IDLE_AFTER_SECONDS", "MAX_TICK_SECONDS", "FsdistWork", "OpQueue", "StagedWork"]
-
-IDLE_AFTER_SECONDS = 0.1  # the worker stops looking for unclaimed operations after this long without one
-#: While its looks find nothing to do, the worker looks half as often, down to this: an async
-#: small operation its caller never waits for then starts within 10 ms (within 1 ms again once
-#: the worker found one).
-MAX_TICK_SECONDS = 10e-3
-
-
-class _Runner(Protocol):
-    """Whoever else may run an operation (OpQueue, receives.ReceiveLoop): its caller's ``wait``
-    runs it in place through this."""
-
-    def run_in_caller(self, work: FsdistWork, seconds: float | None = None) -> None: ...
+__all__ = ["FsdistWork", "OpQueue", "Turns"]
 
 
 class _Failed:
@@ -98,17 +85,14 @@ class FsdistWork(dist.Work):
         self._lock = threading.Lock()
         self._completed = False
         self._future_handed_out = False
-        #: set by OpQueue.submit: the operation to run, and the queue whose caller may run it
-        self._run: Callable[[], None] | None = None
-        self._runner: _Runner | None = None  # set when its caller may run it
-        self._claim_after = 0.0  # when the worker may take it (monotonic seconds)
-        self._claimed = False
-        self._nbytes = 0  # its inputs' and outputs' bytes (OpQueue.submit)
+        #: set by the queue whose caller may run the operation in ``wait`` (OpQueue,
+        #: receives.ReceiveLoop): runs it here, or waits until another thread has taken it
+        #: (called with wait's timeout in seconds, or None)
+        self.run_here: Callable[[float | None], None] | None = None
         #: the name of the thread that ran the operation (the caller's or the group worker's)
         self.ran_on = ""
-        #: its torch.profiler event, when one records it (profiling.py): ends it / has ended it
-        self.event_end: Callable[[], None] | None = None
-        self.event_ended: torch.futures.Future[Any] | None = None
+        #: its torch.profiler event, when one records it (profiling.py)
+        self.event: profiling.Event | None = None
 
     def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
         """Record the outcome (the first call wins) and complete the future.
@@ -126,8 +110,8 @@ class FsdistWork(dist.Work):
             self._error = error
             if source is not None:
                 self._source = source
-            if self.event_end is not None:
-                self.event_end()
+            if self.event is not None:
+                self.event.end()
             if not self._future_handed_out:
                 self._finish()
                 return
@@ -142,16 +126,16 @@ class FsdistWork(dist.Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         seconds = timeout.total_seconds() if timeout is not None and timeout.total_seconds() > 0 else None
-        if self._runner is not None and not self._done.is_set():
+        if self.run_here is not None and not self._done.is_set():
             start = time.monotonic()
-            self._runner.run_in_caller(self, seconds)
+            self.run_here(seconds)
             left = None if seconds is None else max(0.0, seconds - (time.monotonic() - start))
         else:
             left = seconds
         if not self._done.wait(left):
             raise FsdistTimeoutError(f"'{self.description}' did not finish within {seconds:.1f} s of wait()")
-        if self.event_ended is not None:
-            profiling.wait_recorded(self.event_ended)
+        if self.event is not None:
+            self.event.wait_recorded()
         if self._error is not None:
             raise self._error
         return True
@@ -208,6 +192,80 @@ def _unwrap(future: torch.futures.Future[Any]) -> Any:
     return value
 
 
+# ---- when the worker (and the receive loop: receives.py) takes what callers did not run ------
+#
+# A caller that waits for its own small operation or receive runs it in its own thread (a
+# hand-off to a thread and back costs two wake-ups: docs/design.md says what they cost), so the
+# helper thread is not woken when something is queued. Instead, while things keep coming,
+# it looks now and then (every ``handoff`` seconds, backing off to MAX_TICK_SECONDS while its
+# looks find that the callers did it all) for one that nobody took within ``handoff`` of being
+# queued (an async operation nobody has waited for yet, an ``irecv`` tested with
+# ``is_completed()``), and takes it; after IDLE_AFTER_SECONDS with nothing queued it sleeps until
+# woken. The queues keep what they run, and when each may be taken, in entries of their own: a
+# Work keeps only its outcome.
+
+IDLE_AFTER_SECONDS = 0.1  # the helper stops looking for what nobody took after this long without a submission
+#: While its looks find nothing to do, the helper looks half as often, down to this: an async
+#: small operation its caller never waits for then starts within 10 ms (within 1 ms again once
+#: the helper found one).
+MAX_TICK_SECONDS = 10e-3
+
+
+class Turns:
+    """The helper thread's schedule; every method but ``__init__`` runs with ``cond``'s lock held."""
+
+    def __init__(self, cond: threading.Condition, handoff: float) -> None:
+        self.handoff = handoff
+        self._cond = cond
+        self._tick = handoff
+        self._idle = False  # asleep without a timeout: a submission must wake it
+        self._last_submit = 0.0
+
+    def submitted(self, now: float, urgent: bool = False) -> None:
+        """Something was queued at ``now``; ``urgent``: the helper takes it at once, not after ``handoff``."""
+        self._last_submit = now
+        if urgent or self._idle:
+            self._cond.notify()
+
+    def look(self, oldest: Callable[[], float | None], busy: bool) -> bool:
+        """True when something the helper may take is due (``oldest()``: when the oldest such
+        thing may be taken, None: nothing); else sleep until it may be, or for a tick while
+        things are coming or ``busy`` (a caller runs one now), or until woken, and return False
+        (the caller looks again, after whatever else it must check)."""
+        now = time.monotonic()
+        due = oldest()
+        timeout: float | None
+        if due is not None:
+            if due <= now:
+                self._tick = self.handoff  # its caller did not take it: look often again
+                return True
+            timeout = due - now
+        elif busy or now - self._last_submit < IDLE_AFTER_SECONDS:
+            # look again for a submission nobody takes, less often while every look finds the
+            # callers took theirs themselves
+            timeout, self._tick = self._tick, min(self._tick * 2, MAX_TICK_SECONDS)
+        else:
+            timeout = None
+        self._idle = timeout is None
+        self._cond.wait(timeout)
+        self._idle = False
+        return False
+
+
+class _Op:
+    """A queued operation: what runs it, its tensors' bytes, and when the worker may take it."""
+
+    __slots__ = ("caller_may_run", "claim_after", "claimed", "nbytes", "run", "work")
+
+    def __init__(self, work: FsdistWork, run: Callable[[], None], nbytes: int, claim_after: float, small: bool) -> None:
+        self.work = work
+        self.run: Callable[[], None] | None = run
+        self.nbytes = nbytes
+        self.claim_after = claim_after
+        self.caller_may_run = small
+        self.claimed = False
+
+
 class OpQueue:
     """A group's operations, run one at a time in issue order.
 
@@ -216,14 +274,7 @@ class OpQueue:
     operation nobody has started yet, with nothing before it, runs it itself (small operations
     only, see ``INLINE_RUN_BYTES``): a synchronous ``dist.all_reduce`` then costs no hand-off to
     the worker and back. Whoever claims an operation first runs it; the other passes over it.
-
-    Nor is the worker woken for such an operation: waking a thread costs the caller a context
-    switch and a GIL hand-off, about 40% of a small all_reduce (docs/design.md).
-    While operations keep coming the worker instead looks now and then (every ``HANDOFF_SECONDS``,
-    backing off to ``MAX_TICK_SECONDS`` while it finds nothing) for one that nobody claimed for
-    ``HANDOFF_SECONDS`` (an async operation its caller has not waited for) and runs it; after
-    ``IDLE_AFTER_SECONDS`` without a submission it sleeps until woken. A large operation wakes
-    it at once.
+    The worker takes what callers leave as ``Turns`` says; a large operation wakes it at once.
 
     After an operation fails the group is broken: the error is reported on every later
     operation instead of letting ranks run on out of step.
@@ -231,7 +282,6 @@ class OpQueue:
 
     def __init__(self, name: str, on_error: Callable[[BaseException], None], handoff: float = HANDOFF_SECONDS) -> None:
         self._on_error = on_error
-        self._handoff = handoff
         self.broken: BaseException | None = None
         #: the queue's state; both conditions share it (taken as itself: a Condition's ``with``
         #: is a Python-level call, two per small operation)
@@ -239,42 +289,37 @@ class OpQueue:
         self._worker_cv = threading.Condition(self._lock)  # the worker sleeps here
         self._caller_cv = threading.Condition(self._lock)  # callers wait here for an operation to end
         self._callers_waiting = 0  # (on ``_caller_cv``)
-        self._unstarted: deque[FsdistWork] = deque()
+        self._turns = Turns(self._worker_cv, handoff)
+        self._unstarted: deque[_Op] = deque()
         self._running = False
         self._closing = False
-        self._worker_idle = False  # asleep without a timeout: a submission must wake it
-        self._last_submit = 0.0
-        self._tick = handoff
         self._thread = threading.Thread(target=self._run, name=f"fsdist-{name}", daemon=True)
         self._thread.start()
 
     def submit(self, work: FsdistWork, run: Callable[[], None], nbytes: int = 0) -> FsdistWork:
-        """Queue ``run`` as ``work``; its caller may run it in ``work.wait()`` if ``nbytes`` is small."""
-        work._run = run
-        work._nbytes = nbytes
+        """Queue ``run`` as ``work``; its caller may run it in ``work.wait()`` if ``nbytes`` (its
+        inputs' and outputs' bytes) is small."""
         now = time.monotonic()
         urgent = nbytes > INLINE_RUN_BYTES
+        op = _Op(work, run, nbytes, now if urgent else now + self._turns.handoff, not urgent)
         if not urgent:
-            work._runner = self
-        work._claim_after = now if urgent else now + self._handoff
+            work.run_here = functools.partial(self._run_in_caller, op)
         with self._lock:
-            self._unstarted.append(work)
-            self._last_submit = now
-            if urgent or self._worker_idle:
-                self._worker_cv.notify()
+            self._unstarted.append(op)
+            self._turns.submitted(now, urgent)
         return work
 
-    def run_in_caller(self, work: FsdistWork, seconds: float | None = None) -> None:
-        """Called by ``work.wait()``: run ``work`` (and the small operations queued before it) here,
-        unless the worker has them; returns once ``work`` is claimed by either side. (``seconds``
-        is not a limit here: a started operation runs to its own deadline.)"""
+    def _run_in_caller(self, op: _Op, seconds: float | None = None) -> None:
+        """``op.work.wait()``: run ``op`` (and the small operations queued before it) here, unless
+        the worker has them; returns once ``op`` is claimed by either side. (``seconds`` is
+        not a limit here: a started operation runs to its own deadline.)"""
         while True:
             with self._lock:
                 while True:
-                    if work._claimed:
+                    if op.claimed:
                         return  # (the worker's, or run here already)
                     head = self._unstarted[0]
-                    if not self._running and head._runner is self:
+                    if not self._running and head.caller_may_run:
                         self._start(head)
                         break
                     self._callers_waiting += 1
@@ -282,45 +327,38 @@ class OpQueue:
                         self._caller_cv.wait()  # the worker runs something (``_execute`` notifies)
                     finally:
                         self._callers_waiting -= 1
-            if head._nbytes < SERIAL_BYTES:
+            if head.nbytes < SERIAL_BYTES:
                 self._execute(head)  # (no tensor work of its own would use a second thread)
             else:
                 with limited(REDUCE_THREADS):  # as on the worker (intraop.py)
                     self._execute(head)
 
-    def _start(self, work: FsdistWork) -> None:
+    def _start(self, op: _Op) -> None:
         """Claim the queue's head (the lock is held)."""
         self._unstarted.popleft()
-        work._claimed = True
+        op.claimed = True
         self._running = True
 
-    def _next_for_worker(self) -> FsdistWork | None:
+    def _oldest(self) -> float | None:
+        """When the worker may take the head (at once while closing), None: it may not now."""
+        if self._running or not self._unstarted:
+            return None
+        return float("-inf") if self._closing else self._unstarted[0].claim_after
+
+    def _next_for_worker(self) -> _Op | None:
         """The operation the worker should run now, waiting for one (None: closing and done)."""
         with self._lock:
             while True:
-                now = time.monotonic()
-                timeout: float | None
-                if self._unstarted and not self._running:
-                    head = self._unstarted[0]
-                    if head._claim_after <= now or self._closing:
-                        self._start(head)
-                        self._tick = self._handoff  # its caller did not wait: look often again
-                        return head
-                    timeout = head._claim_after - now
-                elif self._closing and not self._running:
+                if self._closing and not self._running and not self._unstarted:
                     return None
-                elif self._running or now - self._last_submit < IDLE_AFTER_SECONDS:
-                    # look again for a submission nobody waits for, less often while every
-                    # look finds the callers ran their operations themselves
-                    timeout, self._tick = self._tick, min(self._tick * 2, MAX_TICK_SECONDS)
-                else:
-                    timeout = None
-                self._worker_idle = timeout is None
-                self._worker_cv.wait(timeout)
-                self._worker_idle = False
+                if self._turns.look(self._oldest, busy=self._running):
+                    head = self._unstarted[0]
+                    self._start(head)
+                    return head
 
-    def _execute(self, work: FsdistWork) -> None:
-        run, work._run = work._run, None
+    def _execute(self, op: _Op) -> None:
+        run, op.run = op.run, None
+        work = op.work
         work.ran_on = threading.current_thread().name
         try:
             if self.broken is not None:
@@ -349,8 +387,8 @@ class OpQueue:
 
     def _run(self) -> None:
         limit_this_thread(REDUCE_THREADS)  # this thread only (intraop.py)
-        while (work := self._next_for_worker()) is not None:
-            self._execute(work)
+        while (op := self._next_for_worker()) is not None:
+            self._execute(op)
 
     def close(self) -> None:
         """Finish queued operations, then stop the thread."""
@@ -358,24 +396,3 @@ class OpQueue:
             self._closing = True
             self._worker_cv.notify()
         self._thread.join()
-
-
-class StagedWork(FsdistWork):
-    """A receive's Work: copies the staged host buffers back before it reports completion."""
-
-    def __init__(self, outputs: list[torch.Tensor], description: str, staging: Staging) -> None:
-        super().__init__(outputs, description)
-        self._staging = staging
-        #: called with (error, source) when the receive ends; debug records use it
-        self.on_complete: Callable[[BaseException | None, int | None], None] | None = None
-
-    def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
-        if error is None:
-            try:
-                self._staging.finish()
-            except BaseException as exc:  # noqa: BLE001
-                error = exc
-        report, self.on_complete = self.on_complete, None  # the first outcome only, like complete()
-        if report is not None:
-            report(error, source)
-        super().complete(error, source)
