@@ -152,9 +152,9 @@ def test_a_point_to_point_area_torn_by_a_send_is_read_again_under_the_lock(tmp_p
     queued, _ = torn_reads
     receiver, sender = _transports(tmp_path)
     assert receiver.progress.optimistic
-    sender.send(0, [torch.tensor([1.0])], 0, "send float32[1]")
+    sender.pairs.send(0, [torch.tensor([1.0])], 0, "send float32[1]")
     before = _area(tmp_path, 1, 0)
-    sender.send(0, [torch.tensor([2.0])], 0, "send float32[1]")
+    sender.pairs.send(0, [torch.tensor([2.0])], 0, "send float32[1]")
     after = bytearray(_area(tmp_path, 1, 0))
     slot = state_record.PAIR_COUNTERS_SIZE + 1 * state_record.P2P_SLOT_BYTES  # message 1's slot
     if tear == "counters":
@@ -164,7 +164,7 @@ def test_a_point_to_point_area_torn_by_a_send_is_read_again_under_the_lock(tmp_p
     else:  # the counters of the second send beside the slot as the first left it
         after[slot:] = before[slot:]
     queued.extend([bytes(after)] * 3)  # read again without the lock, it would be torn again
-    assert receiver.sent_to_me(1) == 2
+    assert receiver.pairs.sent_to_me(1) == 2
     assert _received(receiver, 1, 0) == 1.0 and _received(receiver, 1, 1) == 2.0
 
 
@@ -182,21 +182,21 @@ def test_a_sender_reads_its_receivers_count_without_the_lock_unless_it_is_torn(
     receiver, sender = _transports(tmp_path)
     slots = state_record.P2P_SLOTS
     for index in range(slots):  # every slot of the pair
-        sender.send(0, [torch.tensor([float(index)])], 0, "send float32[1]")
-    assert receiver.sent_to_me(1) == slots
+        sender.pairs.send(0, [torch.tensor([float(index)])], 0, "send float32[1]")
+    assert receiver.pairs.sent_to_me(1) == slots
     assert [_received(receiver, 1, index) for index in range(slots)] == [float(i) for i in range(slots)]
-    receiver.acknowledge(1, slots)  # (written at once: rank 0 never sends to rank 1)
+    receiver.pairs.acknowledge(1, slots)  # (written at once: rank 0 never sends to rank 1)
     locked.clear()
     counters = _area(tmp_path, 0, 1)[: state_record.PAIR_COUNTERS_SIZE]
     if tear == "torn":
         queued.append(counters[:3] + bytes([counters[3] ^ 0xFF]) + counters[4:])
     elif tear == "more than sent":
         queued.append(state_record.encode_pair(0, 99, 1, CRC))
-    sender.send(0, [torch.tensor([7.0])], 0, "send float32[1]")  # slot 0 again: is message 0 consumed?
+    sender.pairs.send(0, [torch.tensor([7.0])], 0, "send float32[1]")  # slot 0 again: is message 0 consumed?
     reread = [path for path in locked if path.endswith("state.r0")]
     assert len(reread) == (0 if tear == "none" else 1)
     assert not any(name.startswith("p1-0") for name in os.listdir(tmp_path))  # inline: the slot was free
-    assert receiver.sent_to_me(1) == slots + 1 and _received(receiver, 1, slots) == 7.0
+    assert receiver.pairs.sent_to_me(1) == slots + 1 and _received(receiver, 1, slots) == 7.0
 
 
 def test_in_a_ring_of_three_the_count_for_the_previous_rank_rides_with_the_send_to_the_next(
@@ -212,12 +212,12 @@ def test_in_a_ring_of_three_the_count_for_the_previous_rank_rides_with_the_send_
     rounds = 3 * state_record.P2P_SLOTS
     for turn in range(rounds):
         for rank, transport in enumerate(ranks):
-            transport.send((rank + 1) % 3, [torch.tensor([float(10 * turn + rank)])], 0, "send float32[1]")
+            transport.pairs.send((rank + 1) % 3, [torch.tensor([float(10 * turn + rank)])], 0, "send float32[1]")
         for rank, transport in enumerate(ranks):
             src = (rank - 1) % 3
-            assert transport.sent_to_me(src) == turn + 1
+            assert transport.pairs.sent_to_me(src) == turn + 1
             assert _received(transport, src, turn) == 10 * turn + src
-            transport.acknowledge(src, turn + 1)
+            transport.pairs.acknowledge(src, turn + 1)
     assert sorted(writes) == sorted(f"{tmp_path}/state.r{rank}" for rank in range(3) for _ in range(rounds))
     assert not [name for name in os.listdir(tmp_path) if re.fullmatch(r"p\d+-\d+\.\d+", name)]
     owed = lambda rank: state_record.decode_pair(_area(tmp_path, rank, (rank - 1) % 3), (rank - 1) % 3, CRC)[1]  # noqa: E731
@@ -232,15 +232,15 @@ def test_a_count_riding_past_another_peers_area_leaves_its_unread_message_whole(
     ranks 0-2: the area for rank 1 between them, holding a message rank 1 has not read yet, is
     rewritten as rank 3 wrote it."""
     ranks = [_one_client(tmp_path, rank, 4) for rank in range(4)]
-    ranks[3].send(1, [torch.tensor([11.0])], 0, "send float32[1]")  # unread until the end
-    ranks[2].send(3, [torch.tensor([23.0])], 0, "send float32[1]")
-    assert ranks[3].sent_to_me(2) == 1 and _received(ranks[3], 2, 0) == 23.0
-    ranks[3].acknowledge(2, 1)  # held back: rank 3 sends to rank 1, whose area lies next to rank 2's
+    ranks[3].pairs.send(1, [torch.tensor([11.0])], 0, "send float32[1]")  # unread until the end
+    ranks[2].pairs.send(3, [torch.tensor([23.0])], 0, "send float32[1]")
+    assert ranks[3].pairs.sent_to_me(2) == 1 and _received(ranks[3], 2, 0) == 23.0
+    ranks[3].pairs.acknowledge(2, 1)  # held back: rank 3 sends to rank 1, whose area lies next to rank 2's
     assert state_record.decode_pair(_area(tmp_path, 3, 2), 2, CRC)[1] == 0
-    ranks[3].send(0, [torch.tensor([30.0])], 0, "send float32[1]")
+    ranks[3].pairs.send(0, [torch.tensor([30.0])], 0, "send float32[1]")
     assert state_record.decode_pair(_area(tmp_path, 3, 2), 2, CRC)[1] == 1  # rode with the send to rank 0
-    assert ranks[0].sent_to_me(3) == 1 and _received(ranks[0], 3, 0) == 30.0
-    assert ranks[1].sent_to_me(3) == 1 and _received(ranks[1], 3, 0) == 11.0
+    assert ranks[0].pairs.sent_to_me(3) == 1 and _received(ranks[0], 3, 0) == 30.0
+    assert ranks[1].pairs.sent_to_me(3) == 1 and _received(ranks[1], 3, 0) == 11.0
 
 
 def test_mid_size_collective_messages_go_through_the_ring_and_its_space_is_reused(tmp_path) -> None:
@@ -288,14 +288,14 @@ def test_where_files_are_not_reused_message_files_are_written_in_place(tmp_path,
     for t in (reader, writer):
         t.enter(1, "all_gather float32[200000]")
     writer.publish(1, [payload])
-    index = writer.send(0, [payload * 2], 0, "send float32[200000]")
+    index = writer.pairs.send(0, [payload * 2], 0, "send float32[200000]")
     reader.wait_for(1, 1)
     out = torch.empty_like(payload)
     with reader.open_message(1, 1) as msg:
         assert os.path.basename(msg.path) == layout.message_name(1, 1, 1)
         msg.read_into(0, out)
     assert torch.equal(out, payload)
-    with reader.open_p2p(1, index) as msg:
+    with reader.pairs.open(1, index) as msg:
         msg.read_into(0, out)
     assert torch.equal(out, payload * 2)
     assert renamed == [] and not [n for n in os.listdir(tmp_path) if n.startswith(".tmp")]

@@ -83,7 +83,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self._collectives = group_collectives(
             store, generation, global_ranks, rank, group_id, timeout.total_seconds(), owns_generation
         )
-        self._t = self._collectives.flat  # point-to-point messages always go flat
+        self._p2p = self._collectives.flat.pairs  # point-to-point messages always go flat
         self._ops = OpLog(generation.rank, group_id)
         self._heartbeat = (
             Heartbeat(generation.heartbeat_path(generation.rank), generation.direct) if owns_generation else None
@@ -393,7 +393,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         try:  # its copy into a file runs as the worker's would (intraop.py)
             timed = self._ops.timed(None, f"{desc} to {dst}", bytes_moved(tensors)) if self._ops.on else _UNTIMED
             with timed, limited(REDUCE_THREADS):
-                self._t.send(dst, hosts, tag, desc)
+                self._p2p.send(dst, hosts, tag, desc)
         except BaseException as error:  # noqa: BLE001
             work.complete(error)
         else:
@@ -414,7 +414,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 raise FsdistError(f"rank {self.rank()}: recv called on a process group that was shut down")
             if self._receives is None:
                 name = f"g{self._group_name}-r{self.rank()}"
-                self._receives = ReceiveLoop(name, Mailbox(self._t), self._t.check_health, self._broke)
+                self._receives = ReceiveLoop(name, Mailbox(self._p2p), self._p2p, self._broke)
         staging = Staging()
         hosts = [staging.output(x) for x in tensors]
         work = StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)

@@ -3,7 +3,8 @@
 A thread of its own, apart from the group's operation queue (work.py), so that a posted
 ``irecv`` never blocks later collectives or sends, and ``batch_isend_irecv`` with its receives
 first cannot deadlock (as in Gloo). p2p.Mailbox holds the matching rules; this decides who runs
-them, and when.
+them, and when; how a matcher waits for the next message is the channel's waiter's
+(files/waiting.py ``Waiter.for_sends``).
 """
 
 from __future__ import annotations
@@ -15,15 +16,9 @@ from collections.abc import Callable
 
 import torch
 
-from ..defaults import (
-    FIRST_SLEEP_SECONDS,
-    HANDOFF_SECONDS,
-    HEALTH_CHECK_SECONDS,
-    MAX_SLEEP_SECONDS,
-    REDUCE_THREADS,
-    WAKE_SPIN_SECONDS,
-)
+from ..defaults import HANDOFF_SECONDS, REDUCE_THREADS
 from ..errors import FsdistError, ProtocolError
+from ..transport.interfaces import PointToPointChannel
 from ..transport.p2p import Mailbox, PendingReceive
 from .arguments import Staging
 from .intraop import limit_this_thread, limited
@@ -52,14 +47,16 @@ class ReceiveLoop:
     """
 
     def __init__(
-        self, name: str, mailbox: Mailbox, health_check: Callable[[], None],
+        self, name: str, mailbox: Mailbox, channel: PointToPointChannel,
         on_corrupt: Callable[[BaseException], None], handoff: float = HANDOFF_SECONDS,
     ) -> None:  # fmt: skip
-        """``on_corrupt``: told of a message that could not be read as one (damaged, foreign,
-        forged): its sender's data can no longer be trusted, so the group is aborted on every rank
-        (a receive that merely disagrees with its message, another size say, fails alone)."""
+        """``channel``: the mailbox's, whose ``wait_for_sends`` paces every wait for a message
+        here and whose health check fails every pending receive. ``on_corrupt``: told of a
+        message that could not be read as one (damaged, foreign, forged): its sender's data can
+        no longer be trusted, so the group is aborted on every rank (a receive that merely
+        disagrees with its message, another size say, fails alone)."""
         self._mailbox = mailbox
-        self._health_check = health_check
+        self._channel = channel
         self._on_corrupt = on_corrupt
         self._pending: list[_Posted] = []
         self._cond = threading.Condition()
@@ -80,42 +77,32 @@ class ReceiveLoop:
 
     def _run_in_caller(self, work: FsdistWork, seconds: float | None = None) -> None:
         """Called by ``work.wait()``: match receives here until ``work`` completes (or ``seconds`` pass)."""
-        start = time.monotonic()
-        end = float("inf") if seconds is None else start + seconds
+        end = float("inf") if seconds is None else time.monotonic() + seconds
+
+        def matched() -> bool | None:
+            if work.is_completed():
+                return True
+            with self._matching, limited(REDUCE_THREADS):
+                progressed = self._pass()
+            return True if work.is_completed() else (False if progressed else None)
+
         with self._cond:
             self._callers += 1
         try:
-            sleep, next_health = 0.0, start + HEALTH_CHECK_SECONDS
-            if self._mailbox.sends_wake():
-                # wake-ups of messages matched already: only later ones may end this caller's sleeps
-                # (the passes below see every message sent before this)
-                self._mailbox.sleep(0.0)
-            while not work.is_completed():
-                with self._matching, limited(REDUCE_THREADS):
-                    progressed = self._pass()
-                now = time.monotonic()
-                if work.is_completed() or now >= end:
-                    return
-                if progressed:
-                    sleep = 0.0
-                    continue
-                if now >= next_health:
-                    next_health = now + HEALTH_CHECK_SECONDS
-                    if not self._healthy():
-                        return
-                if now - start < WAKE_SPIN_SECONDS and self._mailbox.spin(start + WAKE_SPIN_SECONDS - now):
-                    continue  # woken while spinning: match at once
-                # a send wakes the receiver: sleep until it does rather than look again and again (4 ranks on 2
-                # cores, 8-byte ring: ~4.7 passes per receive, each a locked read, with the
-                # doubling schedule; the loop thread, not the caller, keeps that schedule)
-                first = MAX_SLEEP_SECONDS if self._mailbox.sends_wake() else FIRST_SLEEP_SECONDS
-                sleep = min(max(sleep * 2, first), MAX_SLEEP_SECONDS, end - now)
-                self._mailbox.sleep(sleep)
+            self._wait(matched, end, spin=True)
         finally:
             with self._cond:
                 self._callers -= 1
                 if self._pending:
                     self._cond.notify()  # receives nobody waits for now: the thread takes them on
+
+    def _wait(self, attempt: Callable[[], bool | None], end: float, spin: bool) -> None:
+        """``attempt`` until it returns True or ``end`` passes, paced by the channel's waiter; a
+        failed health check (an abort, a dead peer) fails every pending receive with its error."""
+        try:
+            self._channel.wait_for_sends(attempt, end, self._channel.check_health, spin)
+        except BaseException as exc:  # noqa: BLE001 - every pending receive fails with it
+            self._fail_all(exc)
 
     def _pass(self) -> bool:
         """Try every pending receive once, in posting order; True if any completed (lock held)."""
@@ -140,14 +127,6 @@ class ReceiveLoop:
             progressed = True
         return progressed
 
-    def _healthy(self) -> bool:
-        try:
-            self._health_check()
-        except BaseException as exc:  # noqa: BLE001 - every pending receive fails with it
-            self._fail_all(exc)
-            return False
-        return True
-
     def _next_turn(self) -> bool:
         """Sleep until some receive has waited ``handoff`` with no caller matching; False: closing.
 
@@ -157,7 +136,7 @@ class ReceiveLoop:
         (≤ MAX_TICK_SECONDS while receives are posted or matched), or before the thread idles.
         """
         while True:
-            self._mailbox.flush_acknowledgements()  # (outside the lock: a write)
+            self._channel.flush_acknowledgements()  # (outside the lock: a write)
             with self._cond:
                 if self._closing:
                     return False
@@ -170,23 +149,16 @@ class ReceiveLoop:
 
     def _run(self) -> None:
         limit_this_thread(REDUCE_THREADS)
+
+        def matched() -> bool | None:
+            with self._cond:
+                if self._callers or not self._pending or self._closing:
+                    return True  # a caller matches now, or nothing is left
+            with self._matching:
+                return False if self._pass() else None
+
         while self._next_turn():
-            sleep, next_health = 0.0, time.monotonic() + HEALTH_CHECK_SECONDS
-            while True:
-                with self._cond:
-                    if self._callers or not self._pending or self._closing:
-                        break  # a caller matches now, or nothing is left
-                with self._matching:
-                    progressed = self._pass()
-                if progressed:
-                    sleep = 0.0
-                    continue
-                now = time.monotonic()
-                if now >= next_health:
-                    next_health = now + HEALTH_CHECK_SECONDS
-                    self._healthy()
-                sleep = min(max(sleep * 2, FIRST_SLEEP_SECONDS), MAX_SLEEP_SECONDS)
-                self._mailbox.sleep(sleep)
+            self._wait(matched, float("inf"), spin=False)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:

@@ -310,6 +310,7 @@ class Waiter:
         self._size = size
         self._local_ranks = 0  # ranks of the group on this machine (see ``cores_to_spin``)
         self._pacing: dict[int, Pacing] = {}  # each peer on another client's
+        self._all_wake = False  # every peer can ring this rank's bell (asked again until it is)
 
     def for_peer(
         self, peer: int, arrived: Callable[[], T | None], timeout: float, on_timeout: Callable[[], BaseException],
@@ -347,6 +348,63 @@ class Waiter:
         """Until ``attempt()`` returns something, each attempt after a pause that any peer's wake-up
         ends (an attempt reads several peers' records: no spinning)."""
         return poll(attempt, deadline, on_timeout, health_check, self.bell.wait, BELL)
+
+    def for_sends(
+        self, attempt: Callable[[], bool | None], end: float, health_check: Callable[[], None],
+        before_pause: Callable[[], None], spin: bool = True,
+    ) -> bool:  # fmt: skip
+        """Until ``attempt()`` returns True (True) or ``end`` passes (False): point-to-point
+        receives, on a bell that peers' sends ring.
+
+        ``attempt`` returns False where it matched receives but not the one awaited (the pauses
+        start short again), None where it matched nothing. Between attempts: a spin on the bell
+        for WAKE_SPIN_SECONDS where ``spin`` and cores allow; then sleeps that a send's wake-up
+        ends: long where every peer can ring (MAX_SLEEP_SECONDS: only a safety net), else
+        doubling from FIRST_SLEEP_SECONDS (a peer elsewhere is found only by looking; the receive
+        loop's own thread, ``spin`` False, always keeps that schedule). ``before_pause`` runs
+        before each (acknowledgements held back: a sender may wait for them); ``health_check``
+        every HEALTH_CHECK_SECONDS, raising to end the wait."""
+        start = time.monotonic()
+        next_health = start + HEALTH_CHECK_SECONDS
+        woken = spin and self.every_peer_wakes()
+        first = MAX_SLEEP_SECONDS if woken else FIRST_SLEEP_SECONDS
+        if woken:
+            self.bell.wait(0.0)  # wake-ups of messages matched already: only later ones may end a sleep
+        pause = 0.0
+        while True:
+            found = attempt()
+            if found:
+                return True
+            now = time.monotonic()
+            if now >= end:
+                return False
+            if found is False:
+                pause = 0.0
+                continue
+            if now >= next_health:
+                next_health = now + HEALTH_CHECK_SECONDS
+                health_check()
+            before_pause()
+            if spin and now - start < WAKE_SPIN_SECONDS and self.cores_to_spin():
+                if self.bell.spin(start + WAKE_SPIN_SECONDS - now):
+                    continue  # woken while spinning: attempt at once
+            pause = min(max(pause * 2, first), MAX_SLEEP_SECONDS, end - now)
+            self.bell.wait(pause)
+
+    def by_looking(
+        self, attempt: Callable[[], T | None], deadline: Deadline, on_timeout: Callable[[], BaseException],
+        health_check: Callable[[float], None],
+    ) -> T:  # fmt: skip
+        """Until ``attempt()`` returns something, for what no wake-up announces (a receiver's count
+        of consumed messages, the rest of a peer's direct write): attempts at once for a moment,
+        then short pauses (POLLING), never reading the bell (another thread may wait on it)."""
+        return poll(attempt, deadline, on_timeout, health_check)
+
+    def every_peer_wakes(self) -> bool:
+        """Whether every peer of the group can ring this rank's bell (all of them on this machine)."""
+        if not self._all_wake:
+            self._all_wake = self.bell.local_ranks() >= self._size
+        return self._all_wake
 
     def cores_to_spin(self) -> bool:
         """Whether a waiter may busy-wait: this machine has a core for each of the group's ranks

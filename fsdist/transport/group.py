@@ -4,8 +4,8 @@ Three parts, each a job of its own: ``Progress`` (this rank's state record, its 
 on them and desync detection), ``Outbox`` (where this rank's messages go and how long they are
 kept: until its peers are past them, spare files, the run-ahead bound) and ``Pairs``
 (point-to-point messages and their counters). GroupTransport joins them into what the
-collectives (a CollectiveChannel) and point-to-point matching (a PointToPointChannel) see, and
-orders what happens when an operation starts.
+collectives see (a CollectiveChannel), and orders what happens when an operation starts;
+point-to-point matching sees ``Pairs`` itself (a PointToPointChannel).
 
 Messages are files written once (files/io.py ``publish``, or rewritten spares) and named by what
 they are (protocol/layout.py), so a reader that knows (peer, operation, step) knows the path.
@@ -139,41 +139,6 @@ class GroupTransport:
 
     def abort(self, reason: str) -> None:
         self.progress.abort(reason)
-
-    # ---- PointToPointChannel ------------------------------------------------------------
-
-    def send(self, dst: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> int:
-        """Publish a message to ``dst`` (buffered: never waits for the receiver). Returns its index."""
-        return self.pairs.send(dst, tensors, tag, description)
-
-    def sent_to_me(self, src: int) -> int:
-        return self.pairs.sent_to_me(src)
-
-    def acknowledge(self, src: int, received: int) -> None:
-        self.pairs.acknowledge(src, received)
-
-    def open_p2p(self, src: int, index: int) -> Incoming:
-        return self.pairs.open(src, index)
-
-    def discard_p2p(self, src: int, index: int, size: int) -> None:
-        self.pairs.discard(src, index, size)
-
-    def wait_for_sends(self, seconds: float) -> None:
-        self.pairs.wait_for_sends(seconds)
-
-    def flush_acknowledgements(self) -> None:
-        self.pairs.flush_acknowledgements()
-
-    def spin_for_sends(self, seconds: float) -> bool:
-        return self.pairs.spin_for_sends(seconds)
-
-    def sends_wake(self) -> bool:
-        return self.pairs.sends_wake()
-
-    # ---- health, for the adapter's receive loop ---------------------------------
-
-    def check_health(self, peer: int | None = None) -> None:
-        self.progress.check_health(peer)
 
     # ---- leaving --------------------------------------------------------------------------
 

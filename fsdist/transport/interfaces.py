@@ -2,8 +2,9 @@
 
 As Gloo's algorithms see only ``transport/pair.h``, fsdist's collectives see only a
 ``CollectiveChannel`` and its point-to-point matching only a ``PointToPointChannel``. The file
-transport (group.py) implements both; the tests' memory_transport.py implements the first in one
-process, so every algorithm can be tested in milliseconds without a file.
+transport implements the first in group.py and the second in pairs.py; the tests'
+memory_transport.py implements the first in one process, so every algorithm can be tested in
+milliseconds without a file.
 
 A collective is a sequence of numbered *steps* within the current operation: a rank publishes
 the message of a step (or just announces a message-less step), peers wait until it has reached
@@ -12,7 +13,7 @@ that step, then read the message's parts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Protocol
 
@@ -95,38 +96,41 @@ class CollectiveChannel(Protocol):
 
 
 class PointToPointChannel(Protocol):
-    """What point-to-point matching (p2p.Mailbox) may use: per-pair numbered messages."""
+    """What point-to-point matching (p2p.Mailbox) and the receive loop may use: per-pair
+    numbered messages (transport/pairs.py)."""
 
     rank: int
     size: int
     directory: str
 
+    def send(self, dst: int, tensors: Sequence[torch.Tensor], tag: int, description: str) -> int:
+        """Publish a message to ``dst`` (buffered: never waits for the receiver); its index."""
+
     def sent_to_me(self, src: int) -> int:
         """How many messages ``src`` has sent to this rank so far."""
 
-    def open_p2p(self, src: int, index: int) -> Incoming:
+    def open(self, src: int, index: int) -> Incoming:
         """The ``index``-th message from ``src`` (counted from 0)."""
 
-    def discard_p2p(self, src: int, index: int, size: int) -> None:
+    def discard(self, src: int, index: int, size: int) -> None:
         """Dispose of a consumed message (this rank is its only reader)."""
 
     def acknowledge(self, src: int, received: int) -> None:
         """Tell ``src`` how many of its messages this rank has consumed (bounds its sends)."""
 
-    def wait_for_sends(self, seconds: float) -> None:
-        """Sleep up to ``seconds``, less if a message arrives meanwhile."""
-
     def flush_acknowledgements(self) -> None:
         """Write the counts ``acknowledge`` held back to ride with a later send: a sender at its
         cap of unreceived messages may be waiting for one (cheap when none is held)."""
 
-    def spin_for_sends(self, seconds: float) -> bool:
-        """Busy-wait up to ``seconds`` for a message's arrival where a core is free for it (else
-        return False at once); True if one may have arrived."""
+    def wait_for_sends(
+        self, attempt: Callable[[], bool | None], end: float, health_check: Callable[[], None], spin: bool = True
+    ) -> bool:
+        """Call ``attempt`` until it returns True (True) or ``end`` (monotonic) passes (False),
+        pausing between attempts until a send may have arrived (files/waiting.py
+        ``Waiter.for_sends``: False from ``attempt`` means it matched something else)."""
 
-    def sends_wake(self) -> bool:
-        """Whether every peer's send ends this rank's ``wait_for_sends`` at once (all of them on
-        this host): a waiter may then sleep long instead of looking again and again."""
+    def check_health(self, peer: int | None = None) -> None:
+        """Raise if the group was aborted or a peer (``peer``, or any) is dead."""
 
     def abort(self, reason: str) -> None:
         """Fail the group: every rank's waits end with ``reason``."""

@@ -55,22 +55,6 @@ class Mailbox:
         #: most MAX_UNRECEIVED_SENDS messages of ≤ RING_MESSAGE_MAX per peer).
         self._held: dict[tuple[int, int], Incoming] = {}
 
-    def sleep(self, seconds: float) -> None:
-        """Pause between passes; a peer's send ends the pause early (its doorbell)."""
-        self._t.wait_for_sends(seconds)
-
-    def sends_wake(self) -> bool:
-        """Whether every peer's send ends a ``sleep`` at once (so a sleep may be long)."""
-        return self._t.sends_wake()
-
-    def flush_acknowledgements(self) -> None:
-        """Write the counts of consumed messages held back to ride with a later send."""
-        self._t.flush_acknowledgements()
-
-    def spin(self, seconds: float) -> bool:
-        """Busy-wait up to ``seconds`` for a send's wake-up where cores allow; True if one came."""
-        return self._t.spin_for_sends(seconds)
-
     def begin_pass(self) -> None:
         """Start a matching pass over the posted receives.
 
@@ -127,7 +111,7 @@ class Mailbox:
         if key not in self._tags:
             # kept open: the message whose tag was just read is usually the one consumed next
             self._close_peeked()
-            msg = self._t.open_p2p(source, index)
+            msg = self._t.open(source, index)
             self._peeked = (key, msg)
             self._tags[key] = msg.tag
         return self._tags[key]
@@ -145,7 +129,7 @@ class Mailbox:
             msg = self._peeked[1]
             self._peeked = None
             return msg
-        return self._t.open_p2p(source, index)
+        return self._t.open(source, index)
 
     def close(self) -> None:
         """Release the message held open since its tag was read (the receive loop has stopped)."""
@@ -159,7 +143,7 @@ class Mailbox:
             for part, tensor in enumerate(receive.tensors):
                 msg.read_into(part, tensor)
             size = msg.file_size()
-        self._t.discard_p2p(source, index, size)
+        self._t.discard(source, index, size)
         self._tags.pop((source, index), None)
         consumed = self._consumed_ahead[source]
         consumed.add(index)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ from ..defaults import INLINE, MAX_UNRECEIVED_SENDS, RING_MESSAGE_MAX, TORN_READ
 from ..errors import ProtocolError
 from ..files.doorbell import Doorbell
 from ..files.seal import Seal
-from ..files.waiting import poll
+from ..files.waiting import Waiter
 from ..protocol import layout, state_record
 from .incoming import PeerRings, open_incoming
 from .interfaces import Incoming
@@ -44,13 +44,15 @@ RIDE_AREAS = 3
 
 
 class Pairs:
-    """This rank's sending and receiving counters, and its point-to-point messages."""
+    """This rank's sending and receiving counters, and its point-to-point messages: the group's
+    PointToPointChannel (interfaces.py)."""
 
     def __init__(self, progress: Progress, outbox: Outbox, locality: Locality) -> None:
         self._progress = progress
         self._outbox = outbox
         self.directory = progress.directory
-        size = progress.size
+        self.rank = progress.rank
+        self.size = size = progress.size
         self._sent = [0] * size
         #: how many of this rank's messages each peer had consumed when last read (its pair
         #: area is read on every receive from it; the slots' and the cap's checks read it anew
@@ -72,7 +74,7 @@ class Pairs:
         # receives are matched on their own thread: a bell of their own, so neither waiter
         # swallows the other's wake-up
         self._bell = Doorbell([layout.p2p_doorbell_file(self.directory, r) for r in range(size)], progress.rank)
-        self._all_ring = False  # every peer found on this host (asked again until it is)
+        self._waiter = Waiter(self._bell, size, looks_cost=locality.direct)
         #: mid-size messages go through ring files where files are reused (local filesystems)
         self._rings_enabled = INLINE and locality.reuse_files
         self._mapped = outbox.spares.mapped if locality.maps_messages else None
@@ -293,7 +295,7 @@ class Pairs:
         if found is not None:
             return found
         missing = lambda: progress.timed_out(src, f"message #{index}, which its counters announce")  # noqa: E731
-        return poll(opened, progress.deadline(), missing, lambda _: progress.check_health(src))
+        return self._waiter.by_looking(opened, progress.deadline(), missing, lambda _: progress.check_health(src))
 
     def _seal(self, src: int, dst: int, index: int) -> Seal:
         return self._progress.p2p_seal(src, dst, index)
@@ -307,18 +309,19 @@ class Pairs:
         path = os.path.join(self.directory, layout.p2p_name(src, self._progress.rank, index))
         self._outbox.spares.give_back(path, size)
 
-    def wait_for_sends(self, seconds: float) -> None:
-        self.flush_acknowledgements()  # a sender may be waiting for them
-        self._bell.wait(seconds)
+    def wait_for_sends(
+        self, attempt: Callable[[], bool | None], end: float, health_check: Callable[[], None], spin: bool = True
+    ) -> bool:
+        """Call ``attempt`` until it returns True (True) or ``end`` passes (False), pausing on this
+        rank's point-to-point bell between attempts (Waiter.for_sends); acknowledgements held
+        back are written before each pause (a sender may be waiting for them)."""
+        return self._waiter.for_sends(attempt, end, health_check, self.flush_acknowledgements, spin)
 
-    def spin_for_sends(self, seconds: float) -> bool:
-        self.flush_acknowledgements()
-        return self._progress.waiter.cores_to_spin() and self._bell.spin(seconds)
+    def check_health(self, peer: int | None = None) -> None:
+        self._progress.check_health(peer)
 
-    def sends_wake(self) -> bool:
-        if not self._all_ring:
-            self._all_ring = all(self._bell.reaches(p) for p in self._progress.others)
-        return self._all_ring
+    def abort(self, reason: str) -> None:
+        self._progress.abort(reason)
 
     def _ring_to_read(self, src: int) -> tuple[int, str]:
         return self._read_rings.open(os.path.join(self.directory, layout.ring_name(src, self._progress.rank)))
@@ -356,4 +359,6 @@ class Pairs:
             return True if self._sent[dst] - self._read_received_by(dst) < MAX_UNRECEIVED_SENDS else None
 
         what = f"receives of this rank's sends (at most {MAX_UNRECEIVED_SENDS} may wait unreceived)"
-        poll(room, progress.deadline(), lambda: progress.timed_out(dst, what), lambda _: progress.check_health(dst))
+        self._waiter.by_looking(
+            room, progress.deadline(), lambda: progress.timed_out(dst, what), lambda _: progress.check_health(dst)
+        )

@@ -70,7 +70,7 @@ class NodeTiers:
         """Start operation ``seq`` in every tier this rank is in. The counts of point-to-point
         messages this rank held back go out first, as the flat transport's ``enter`` sends them:
         a sender blocked on its cap may be needed in this operation."""
-        self._flat.flush_acknowledgements()
+        self._flat.pairs.flush_acknowledgements()
         for tier in self.tiers():
             tier.enter(seq, description)
 
