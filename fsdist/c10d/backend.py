@@ -29,7 +29,6 @@ import torch.distributed as dist
 from ..defaults import BACKEND_NAME, DEFAULT_TIMEOUT, DEVICES, REDUCE_THREADS
 from ..errors import FsdistError
 from ..files.waiting import Deadline
-from ..job.generation import Generation
 from ..job.liveness import Heartbeat
 from ..transport.p2p import Mailbox, PendingReceive
 from . import arguments as args
@@ -42,8 +41,7 @@ from .monitored import monitored_barrier
 from .placement import group_collectives
 from .receives import ReceiveLoop, StagedWork
 from .sparse import all_reduce_sparse
-from .store import DirectoryStore
-from .store_rendezvous import group_generation
+from .store_rendezvous import GroupSite, group_site
 from .work import FsdistWork, OpQueue
 
 log = logging.getLogger(__name__)
@@ -66,23 +64,20 @@ def _profile(work: FsdistWork, description: str, tensors: Sequence[torch.Tensor]
 class ProcessGroupFsdist(dist.ProcessGroup):
     """A torch process group whose ranks communicate only through files in a shared directory."""
 
-    def __init__(
-        self, store: DirectoryStore, generation: Generation, rank: int, size: int, timeout: timedelta, group_id: str,
-        global_ranks: Sequence[int], owns_generation: bool,
-    ) -> None:  # fmt: skip
-        """``store``: the generation's own DirectoryStore (whatever store c10d handed the creator);
-        ``owns_generation``: this group beats the heartbeat and leaves the generation at shutdown
-        (the world group, or an fsdist group under another backend's world)."""
+    def __init__(self, site: GroupSite, rank: int, size: int, timeout: timedelta, group_id: str) -> None:
+        """``site``: where the group lives (store_rendezvous.py): its generation, the generation's
+        own DirectoryStore (whatever store c10d handed the creator), and whether this group owns
+        the generation: beats the heartbeat and leaves it at shutdown (the world group, or an
+        fsdist group under another backend's world)."""
         super().__init__(rank, size)  # type: ignore[call-arg]  # the (rank, size) form exists; the stub lacks it
-        self._store = store  # c10d keeps only the C++ half of a Python store alive
+        generation = site.generation
+        self._store = site.store  # c10d keeps only the C++ half of a Python store alive
         self._generation = generation
-        self._owns_generation = owns_generation
+        self._owns_generation = owns_generation = site.owns_generation
         self._timeout = timeout
         self._group_name = group_id
         self._group_desc = ""
-        self._collectives = group_collectives(
-            store, generation, global_ranks, rank, group_id, timeout.total_seconds(), owns_generation
-        )
+        self._collectives = group_collectives(site, rank, timeout.total_seconds())
         self._p2p = self._collectives.flat.pairs  # point-to-point messages always go flat
         self._ops = OpLog(generation.rank, group_id)
         self._heartbeat = (
@@ -474,10 +469,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
 
 def create_process_group(opts: Any, pg_options: Any = None) -> ProcessGroupFsdist:
     """The creator c10d calls (``extended_api=True``) for the world group and every subgroup;
-    which generation each belongs to is store_rendezvous.group_generation's to say."""
+    where each lives is store_rendezvous.group_site's to say."""
     timeout = opts.timeout if opts.timeout.total_seconds() > 0 else DEFAULT_TIMEOUT
     compat.prepare_records()  # for torch.profiler (profiling.py)
-    store, generation, global_ranks, owner = group_generation(opts, timeout)
-    return ProcessGroupFsdist(
-        store, generation, opts.group_rank, opts.group_size, timeout, str(opts.group_id), global_ranks, owner
-    )
+    return ProcessGroupFsdist(group_site(opts, timeout), opts.group_rank, opts.group_size, timeout, str(opts.group_id))

@@ -10,8 +10,6 @@ through the store.
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 from collections.abc import Callable, Sequence
 
@@ -21,17 +19,14 @@ from ..defaults import ENV_ALGO, ENV_IO, ENV_LOCAL_DIR, ENV_NODE_ID, local_dir
 from ..files.direct import io_setting
 from ..files.places import node_directory
 from ..job.generation import Generation
-from ..job.io_choice import choose_records
 from ..job.liveness import PeerWatch
-from ..job.lock_check import check_locks
 from ..job.nodes import Nodes
 from ..protocol import layout
 from ..transport.group import GroupTransport
 from ..transport.locality import Locality
 from ..transport.tiers import NodeTiers
 from .store import DirectoryStore
-
-log = logging.getLogger(__name__)
+from .store_rendezvous import GroupSite
 
 __all__ = ["Channel", "Collectives", "group_collectives", "two_tiers"]
 
@@ -78,30 +73,16 @@ class Collectives:
         self.flat.close()
 
 
-def group_collectives(
-    store: DirectoryStore, generation: Generation, global_ranks: Sequence[int], rank: int, group_id: str,
-    timeout: float, owns_generation: bool,
-) -> Collectives:  # fmt: skip
-    """The transports of group ``group_id`` (of ``global_ranks``, this rank being ``rank``) in
-    its own folder of the generation, and where its collectives run."""
-    # torch may give a re-created group the name of a destroyed one; the incarnation count
-    # (the same on every member, which create groups in the same order) keeps them apart
-    incarnation = generation.incarnations.get(group_id, 0)
-    generation.incarnations[group_id] = incarnation + 1
-    directory = layout.group_dir(generation.directory, group_id, incarnation)
-    if generation.records is None:  # the job's first group: before its heartbeat starts
-        check_locks(store, generation.directory, generation.members, generation.rank)
-        generation.records = choose_records(store, generation.directory, generation.members, generation.rank)
-        log.info("fsdist: rank %d: %s records: %s", generation.rank,
-                 "direct" if generation.direct else "locked", generation.records.why)  # fmt: skip
+def group_collectives(site: GroupSite, rank: int, timeout: float) -> Collectives:
+    """The transports of the group at ``site`` (this rank being ``rank`` of it) in its folder,
+    and where its collectives run."""
+    generation, global_ranks = site.generation, site.global_ranks
     members = [generation.members[g] for g in global_ranks]
     watch = PeerWatch(members, [generation.heartbeat_path(g) for g in global_ranks], direct=generation.direct)
     one_client = len({member.client for member in members}) == 1
-    locality = Locality.of(directory, one_client, chosen=generation.direct)
-    flat = GroupTransport(directory, rank, len(global_ranks), watch, timeout, locality=locality)
-    if not owns_generation and rank == 0:  # `fsdist status` maps the group's ranks to the job's
-        store.set(layout.GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(list(global_ranks)))
-    return Collectives(flat, two_tiers(store, generation, global_ranks, rank, flat, timeout))
+    locality = Locality.of(site.directory, one_client, chosen=generation.direct)
+    flat = GroupTransport(site.directory, rank, len(global_ranks), watch, timeout, locality=locality)
+    return Collectives(flat, two_tiers(site.store, generation, global_ranks, rank, flat, timeout))
 
 
 def two_tiers(

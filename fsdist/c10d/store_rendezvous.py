@@ -35,6 +35,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -56,7 +57,7 @@ from .store import DirectoryStore
 
 log = logging.getLogger(__name__)
 
-__all__ = ["group_generation", "join_through_store", "joined"]
+__all__ = ["GroupSite", "group_site", "join_through_store", "joined"]
 
 _FORMAT = 1
 #: The generation this process joined through a torch store for its world group (subgroups
@@ -72,9 +73,22 @@ def joined() -> Generation | None:
     return _JOINED[-1] if _JOINED else None
 
 
-def group_generation(opts: Any, timeout: timedelta) -> tuple[DirectoryStore, Generation, list[int], bool]:
-    """The generation a group c10d asks for (``opts``: its backend options) belongs to: the
-    generation's own store, the group's ranks in it, and whether the group owns the generation.
+@dataclass(frozen=True)
+class GroupSite:
+    """Where a group lives: its generation, that generation's own store, the group's ranks in it,
+    whether the group owns the generation (beats its heartbeat, leaves it at shutdown), and
+    the group's folder."""
+
+    store: DirectoryStore
+    generation: Generation
+    global_ranks: list[int]
+    owns_generation: bool
+    directory: str
+
+
+def group_site(opts: Any, timeout: timedelta) -> GroupSite:
+    """Where a group c10d asks for (``opts``: its backend options) lives, the generation joined
+    and the job's checks done (``Generation.settle``: at its first group).
 
     c10d hands the backend whatever store the init method made. fsdist's own (``fsdist://``,
     and ``env://`` where FSDIST_DIR is set) carries the generation formed in the directory; any
@@ -94,7 +108,12 @@ def group_generation(opts: Any, timeout: timedelta) -> tuple[DirectoryStore, Gen
         owner, global_ranks = True, []
     if not isinstance(store, DirectoryStore) or store.generation is not generation:
         store = DirectoryStore(layout.store_dir(generation.directory), timeout)  # fsdist's own records
-    return store, generation, global_ranks or list(range(generation.world_size)), owner
+    generation.settle(store)
+    global_ranks = global_ranks or list(range(generation.world_size))
+    directory = generation.group_directory(str(opts.group_id))
+    if not owner and opts.group_rank == 0:  # `fsdist status` maps the group's ranks to the job's
+        store.set(layout.GROUP_RANKS_KEY + os.path.basename(directory), json.dumps(global_ranks))
+    return GroupSite(store, generation, global_ranks, owner, directory)
 
 
 def join_through_store(

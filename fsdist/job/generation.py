@@ -19,8 +19,9 @@ from ..files.io import remove_tree, unlink_quietly
 from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import parse
 from .clean import remove_node_tiers
-from .io_choice import Choice
+from .io_choice import Choice, KeyValue, choose_records
 from .liveness import Identity
+from .lock_check import check_locks
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +50,10 @@ class Generation:
     #: The root exists for this job alone (beside a FileStore's file, or node-local): the last
     #: rank out removes it too.
     owns_root: bool = False
-    #: How the job's records are read and written (job/io_choice.py): chosen by the first group
-    #: that beats the heartbeat, before it starts, and the same for every group of the job.
+    #: How the job's records are read and written (job/io_choice.py): chosen at its first group
+    #: (``settle``), before its heartbeat starts, and the same for every group of the job.
     records: Choice | None = None
-    #: How many groups of each name this process has created (see ProcessGroupFsdist).
+    #: How many groups of each name this process has created (``group_directory``).
     incarnations: dict[str, int] = field(default_factory=dict)
     #: Called once this rank has left (init methods release what they keep alive for torch).
     on_leave: list[Callable[[], None]] = field(default_factory=list)
@@ -91,6 +92,25 @@ class Generation:
         again): every rank names the same one by counting such rendezvous in call order."""
         self.nested += 1
         return os.path.join(self.directory, f"{layout.NESTED_PREFIX}{self.nested}")
+
+    def settle(self, store: KeyValue) -> Choice:
+        """The job's checks, once, at its first group (before its heartbeat starts; every rank
+        makes its first group together): its locks across clients (job/lock_check.py), then how
+        its records are read and written (job/io_choice.py)."""
+        if self.records is None:
+            check_locks(store, self.directory, self.members, self.rank)
+            self.records = choose_records(store, self.directory, self.members, self.rank)
+            log.info("fsdist: rank %d: %s records: %s", self.rank,
+                     "direct" if self.records.direct else "locked", self.records.why)  # fmt: skip
+        return self.records
+
+    def group_directory(self, group_id: str) -> str:
+        """The folder of the next group named ``group_id``: torch may give a re-created group the
+        name of a destroyed one, and the incarnation count (the same on every member, which create
+        groups in the same order) keeps them apart."""
+        incarnation = self.incarnations.get(group_id, 0)
+        self.incarnations[group_id] = incarnation + 1
+        return layout.group_dir(self.directory, group_id, incarnation)
 
     @property
     def direct(self) -> bool:
