@@ -26,6 +26,7 @@ from memory_store import MemoryStore, every_rank_as_a_thread
 
 import fsdist.files.direct as direct
 from fsdist.errors import FsdistError, ProtocolError
+from fsdist.files.counters import OwnCounter
 from fsdist.files.direct import DirectRecord, io_setting
 from fsdist.files.locks import LockedRecord
 from fsdist.fs.mounts import find_mount
@@ -190,7 +191,7 @@ def test_a_direct_heartbeat_beats_without_the_lock_and_its_watcher_reads_it(shm,
     path = os.path.join(shm, "heartbeat.r0")
     with LockedRecord(path) as other, other.held():
         beat = liveness.Heartbeat(path, direct=True)
-        watcher = direct.OwnCounter(path)
+        watcher = OwnCounter(path)
         try:
             seen = {watcher.try_get()}
             deadline = time.monotonic() + 10

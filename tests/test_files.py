@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from fsdist.errors import FsdistError, UntrustedPathError
+from fsdist.files.counters import Counter, encode_counter
 from fsdist.files.io import publish
-from fsdist.files.locks import Counter, LockedRecord, encode_counter
+from fsdist.files.locks import LockedRecord
 from fsdist.files.mapped import MappedFiles
 from fsdist.files.seal import seal
 from fsdist.protocol import message
@@ -296,9 +297,8 @@ def test_a_record_on_fuse_is_read_through_a_fresh_descriptor_and_synced_before_i
     real_open, real_fsync, real_lock = locks.open_file, os.fsync, locks.lock
     monkeypatch.setattr(locks, "open_file", lambda *a, **k: (events.append("open"), real_open(*a, **k))[1])
     monkeypatch.setattr(locks.os, "fsync", lambda fd: (events.append("fsync"), real_fsync(fd))[1])
-    monkeypatch.setattr(
-        locks, "lock", lambda fd, kind, *a: (events.append({0: "r", 1: "w", 2: "u"}[kind]), real_lock(fd, kind, *a))[1]
-    )
+    kinds = {0: "r", 1: "w", 2: "u"}
+    monkeypatch.setattr(locks, "lock", lambda fd, kind, *a: (events.append(kinds[kind]), real_lock(fd, kind, *a))[1])
     path = str(tmp_path / "record")
     with LockedRecord(path) as record:
         events.clear()

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from fsdist.c10d.store import DirectoryStore
 from fsdist.c10d.store_rendezvous import _parse_member
 from fsdist.errors import FsdistError, ProtocolError, RendezvousError
-from fsdist.files.locks import Counter, decode_counter, encode_counter
+from fsdist.files.counters import Counter, decode_counter, encode_counter
 from fsdist.files.seal import TAG_BYTES, seal
 from fsdist.protocol import failure_report, layout, message, node_ranks, rendezvous_record, state_record
 from fsdist.protocol.sealed import seal_json, seal_value, unseal_json

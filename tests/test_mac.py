@@ -13,7 +13,7 @@ import torch
 
 from fsdist.errors import FsdistError, ProtocolError
 from fsdist.files import seal as seal_module
-from fsdist.files.locks import decode_counter, encode_counter
+from fsdist.files.counters import decode_counter, encode_counter
 from fsdist.files.seal import CHUNK_BYTES, Sealer, seal
 from fsdist.protocol import message, rendezvous_record, state_record
 from fsdist.protocol.sealed import seal_json, seal_value, unseal_json, unseal_value

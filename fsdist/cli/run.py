@@ -33,8 +33,9 @@ from typing import Any
 
 from ..defaults import LAUNCH_NOTE_SECONDS
 from ..errors import FsdistError, RendezvousError
+from ..files.counters import Counter
 from ..files.io import publish, read_file
-from ..files.locks import Counter, LockedRecord
+from ..files.locks import LockedRecord
 from ..files.places import adopt_run_directory
 from ..files.waiting import Deadline, poll
 from ..job.clean import clean, retire_stopped

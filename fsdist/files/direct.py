@@ -22,12 +22,11 @@ from typing import TypeVar
 from ..defaults import ENV_IO, TORN_READ_SECONDS
 from ..errors import FsdistError, ProtocolError
 from .io import open_file, unlink_quietly
-from .locks import RECORD_MAX_BYTES, Counter, LockedRecord, OnWait, decode_counter, encode_counter
-from .seal import seal
+from .locks import RECORD_MAX_BYTES, LockedRecord, OnWait
 
 T = TypeVar("T")
 
-__all__ = ["DirectRecord", "OwnCounter", "io_setting", "takes_direct_io"]
+__all__ = ["DirectRecord", "io_setting", "takes_direct_io"]
 
 
 class DirectRecord(LockedRecord):
@@ -121,27 +120,3 @@ def takes_direct_io(directory: str) -> bool:
     if directory not in _TAKES_DIRECT_IO and DirectRecord.refusal(directory) is None:
         _TAKES_DIRECT_IO.add(directory)
     return directory in _TAKES_DIRECT_IO
-
-
-class OwnCounter:
-    """A counter file (files/locks.py ``Counter``'s format) with one writer, read and written
-    directly: a heartbeat's beat is one WRITE on NFS, not LOCK, GETATTR, READ, WRITE, UNLOCK."""
-
-    def __init__(self, path: str) -> None:
-        self._record = DirectRecord(path)
-        self._path = path
-        self._seal = seal(os.path.basename(path))
-
-    def try_get(self) -> int | None:
-        """The value, or None where the read met the writer's write (a beat not readable now)."""
-        try:
-            return decode_counter(self._record.read(0, Counter.SIZE), self._path, self._seal)
-        except ProtocolError:
-            return None
-
-    def set(self, value: int) -> None:
-        """Write ``value`` (this process is the counter's only writer)."""
-        self._record.write(encode_counter(value, self._path, self._seal))
-
-    def close(self) -> None:
-        self._record.close()

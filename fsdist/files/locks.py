@@ -1,4 +1,4 @@
-"""Small files changed only under an fcntl lock: progress records, counters, the rendezvous state.
+"""Small files changed only under an fcntl lock: progress records, the rendezvous state, store keys.
 
 Why fcntl and not bare reads: on NFS taking a lock makes the client revalidate its cache and
 releasing it flushes writes, so a record read under the lock is coherent across machines. On
@@ -28,10 +28,9 @@ import threading
 from collections.abc import Callable, Iterator
 
 from ..defaults import LOCK_TIMEOUT_SECONDS
-from ..errors import FsdistTimeoutError, ProtocolError
+from ..errors import FsdistTimeoutError
 from .io import open_file, retried, retrying, unlink_quietly
 from .mountinfo import mount_of_descriptor
-from .seal import TAG_BYTES, Seal, seal
 from .trust import size_checked
 from .waiting import LOCKING, Deadline, poll
 
@@ -55,8 +54,8 @@ RECORD_MAX_BYTES = 1 << 20
 _HELD_DESCRIPTOR_COHERENT_FUSE = frozenset({"fuse.glusterfs", "fuse.ceph-fuse", "fuse.ceph"})
 
 __all__ = [
-    "EXCLUSIVE", "RECORD_MAX_BYTES", "SHARED", "UNLOCK", "Counter", "LockedRecord", "OnWait", "decode_counter",
-    "encode_counter", "lock", "lock_kind_in_use", "read_locked", "try_lock", "unlock",
+    "EXCLUSIVE", "RECORD_MAX_BYTES", "SHARED", "UNLOCK", "LockedRecord", "OnWait", "lock", "lock_kind_in_use",
+    "read_locked", "try_lock", "unlock",
 ]  # fmt: skip
 
 
@@ -353,75 +352,3 @@ class LockedRecord:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_INT64 = struct.Struct("<q")
-_COUNTER = struct.Struct(f"<q{TAG_BYTES}s")  # the value, and the tag of its 8 bytes (files/seal.py)
-
-
-class Counter:
-    """A 64-bit integer in a file, changed only under the lock (get / add / compare-and-set).
-
-    The file holds the value as 8 bytes, little-endian, signed, then their tag: a CRC-32, or a
-    MAC with FSDIST_SECRET_FILE, bound to the file's name (a flipped bit, a foreign file or a
-    forged count is a ProtocolError, never another count); empty means 0."""
-
-    SIZE = _COUNTER.size
-
-    def __init__(self, path: str) -> None:
-        self._record = LockedRecord(path)
-        self._path = path
-        self._seal = seal(os.path.basename(path))
-
-    def encode(self, value: int) -> bytes:
-        return encode_counter(value, self._path, self._seal)
-
-    def decode(self, raw: bytes) -> int:
-        """The value in ``raw`` (a counter file's bytes); 0 while it is empty."""
-        return decode_counter(raw, self._path, self._seal)
-
-    def get(self) -> int:
-        return self.decode(self._record.read(0, _COUNTER.size))
-
-    def try_get(self) -> int | None:
-        """The value, or None if a writer holds the lock right now (see ``LockedRecord.try_read``)."""
-        raw = self._record.try_read(0, _COUNTER.size)
-        return None if raw is None else self.decode(raw)
-
-    def add(self, amount: int) -> int:
-        """Add ``amount`` and return the new value."""
-        new = self._record.update(lambda old: self.encode(self.decode(old) + amount))
-        return self.decode(new)
-
-    def compare_and_set(self, expected: int, desired: int) -> int:
-        """Set ``desired`` if the value is ``expected``; return the value in force afterwards."""
-        new = self._record.update(lambda old: self.encode(desired) if self.decode(old) == expected else None)
-        return self.decode(new)
-
-    def close(self) -> None:
-        self._record.close()
-
-    def __enter__(self) -> Counter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-def encode_counter(value: int, path: str, check: Seal | None = None) -> bytes:
-    """A counter file's bytes holding ``value`` (``check``: the file's seal, made from ``path``)."""
-    return _COUNTER.pack(value, (check or seal(os.path.basename(path))).tag(_INT64.pack(value)))
-
-
-def decode_counter(raw: bytes, path: str, check: Seal | None = None) -> int:
-    """The value in a counter file's bytes ``raw`` (0 while it is empty), checked against its tag
-    (``check``: the file's seal, made from ``path`` where not given)."""
-    if not raw:
-        return 0
-    if len(raw) != _COUNTER.size:
-        raise ProtocolError(f"{path}: a counter of {len(raw)} bytes (expected {_COUNTER.size} or none)")
-    value, tag = _COUNTER.unpack(raw)
-    check = check or seal(os.path.basename(path))
-    if not check.verify(tag, raw[: _INT64.size]):
-        raise ProtocolError(check.mismatch(f"{path} (a counter)"))
-    return int(value)

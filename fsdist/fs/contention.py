@@ -1,7 +1,7 @@
 """Processes contending for one lock-guarded counter: lost updates, rate, latency, fairness.
 
 N processes increment one counter as fast as they can, under one kind of lock (fs/lock_kinds.py:
-fsdist's own ``files.locks.Counter`` by default, the very path its state records and counters
+fsdist's own ``files.counters.Counter`` by default, the very path its state records and counters
 rely on; or OFD, POSIX, ``flock``, ``filelock``'s, as other tools lock). If the lock excludes,
 the final value equals the sum of every process's own count; any shortfall is a *lost update*:
 two processes read the same value under what each believed was an exclusive lock. With a peer

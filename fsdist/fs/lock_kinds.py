@@ -28,8 +28,9 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+from ..files.counters import Counter
 from ..files.io import open_file, write_new
-from ..files.locks import FLOCK, Counter
+from ..files.locks import FLOCK
 
 __all__ = ["KINDS", "Incrementer", "incrementer", "prepare", "read_value"]
 

@@ -18,19 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..files.counters import Counter, decode_counter, encode_counter
 from ..files.direct import DirectRecord
 from ..files.io import open_file, publish, read_file, unlink_quietly
-from ..files.locks import (
-    EXCLUSIVE,
-    Counter,
-    LockedRecord,
-    decode_counter,
-    encode_counter,
-    lock,
-    lock_kind_in_use,
-    try_lock,
-    unlock,
-)  # fmt: skip
+from ..files.locks import EXCLUSIVE, LockedRecord, lock, lock_kind_in_use, try_lock, unlock
 
 __all__ = [
     "LockSemantics",

@@ -23,8 +23,9 @@ from typing import Any
 
 from ..defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS
 from ..errors import ProtocolError, RendezvousError
+from ..files.counters import decode_counter
 from ..files.io import read_file
-from ..files.locks import decode_counter, read_locked
+from ..files.locks import read_locked
 from ..files.places import adopt_run_directory, existing_node_directory
 from ..files.seal import seal
 from ..job.liveness import Identity, is_alive, node_id

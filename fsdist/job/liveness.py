@@ -30,8 +30,7 @@ from ..defaults import (
     HEARTBEAT_SECONDS,
     HEARTBEAT_TIMEOUT_SECONDS,
 )
-from ..files.direct import OwnCounter
-from ..files.locks import Counter
+from ..files.counters import Counter, OwnCounter
 
 __all__ = [
     "Heartbeat",

@@ -21,8 +21,8 @@ import torch
 
 from ..defaults import GC_EVERY
 from ..errors import PeerFailedError, ProtocolError
+from ..files.counters import Counter
 from ..files.io import remove_tree
-from ..files.locks import Counter
 from ..files.trust import make_private_dir
 from ..job.liveness import PeerWatch
 from ..protocol import layout

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))  # record_support: o
 import torch  # noqa: E402
 
 from fsdist.errors import FsdistTimeoutError, ProtocolError  # noqa: E402
-from fsdist.files.direct import OwnCounter  # noqa: E402
+from fsdist.files.counters import OwnCounter  # noqa: E402
 from fsdist.protocol import state_record  # noqa: E402
 from fsdist.transport.incoming import InlineMessage  # noqa: E402
 from fsdist.transport.progress import Progress  # noqa: E402
