@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from harness import RankPool
 from in_rank import errors as cases
 
@@ -83,3 +85,16 @@ def test_reduce_op_mismatch_is_reported_on_every_rank_with_both_sides() -> None:
     for rank, text in enumerate(results):
         assert text.startswith(("DesyncError", "PeerFailedError")), f"rank {rank}: {text}"
         assert "all_reduce MAX float32[5]" in text and "all_reduce SUM float32[5]" in text, f"rank {rank}: {text}"
+
+
+@pytest.mark.parametrize("kind", ["meta", "sparse", "dtype"])
+def test_a_bad_tensor_in_any_op_fails_its_caller_and_the_next_op_succeeds(pool_factory, kind: str) -> None:
+    """Issue 48, 1: every op checks every tensor it takes before it is queued, so a tensor that
+    cannot travel or does not fit fails the call on each rank, and the group stays usable."""
+    world = 2
+    for rank, said in enumerate(pool_factory(world).run(cases.a_bad_tensor_in_every_op, kind)):
+        for name, text in said.items():
+            refused, after = text.split(" | then all_reduce: ")
+            if rank == 0 or name not in ("send", "recv"):  # (rank 0 alone sends or receives)
+                assert refused != "no error", f"{kind} in {name}: not refused on rank {rank} ({text})"
+            assert after == f"no error [{float(world)}, {float(world)}]", f"{kind} in {name}: the group broke ({text})"

@@ -39,10 +39,16 @@ __all__ = [
     "allreduce",
     "bytes_moved",
     "check_stageable",
+    "check_travel",
     "describe",
     "exactly_one",
     "gather",
+    "gather_single",
+    "no_list_off_root",
+    "one_dtype",
+    "one_per_rank",
     "options",
+    "own_piece",
     "peer",
     "reduce",
     "reduce_scatter",
@@ -51,6 +57,7 @@ __all__ = [
     "rooted",
     "same",
     "same_list",
+    "scaled",
     "scatter",
     "split_even",
     "splits",
@@ -166,6 +173,52 @@ def exactly_one(items: Sequence[Any], name: str) -> Sequence[Any]:
     return items
 
 
+def one_per_rank(items: Sequence[Any], size: int, name: str, what: str) -> None:
+    """all_to_all's tensors, all_gather_coalesced's output lists: one per rank."""
+    if len(items) != size:
+        raise ValueError(f"{name} needs {size} {what}, got {len(items)}")
+
+
+def one_dtype(tensors: Sequence[torch.Tensor], name: str) -> None:
+    """all_to_all's pieces, in and out, are of one dtype (as Gloo asks)."""
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensors})
+    if len(dtypes) > 1:
+        raise ValueError(f"{name}: every input and output tensor must have one dtype, got {', '.join(dtypes)}")
+
+
+def scaled(smaller: Sequence[torch.Tensor], larger: Sequence[torch.Tensor], size: int, name: str) -> None:
+    """The ``*_into_tensor`` forms: each of ``larger`` holds ``size`` × its partner in
+    ``smaller``, in its dtype (all_gather's output, reduce_scatter's input)."""
+    for small, large in zip(smaller, larger, strict=True):
+        if large.numel() != small.numel() * size or large.dtype != small.dtype:
+            got = f"{large.numel()} {large.dtype}"
+            raise ValueError(f"{name}: {size} × {small.numel()} {small.dtype} expected, got {got}")
+
+
+def no_list_off_root(lists: Sequence[Any], is_root: bool, name: str, what: str) -> None:
+    """gather's outputs and scatter's inputs are the root's alone."""
+    if not is_root and lists and any(lists):
+        raise ValueError(f"{name}: only the root may pass {what} tensors")
+
+
+def gather_single(output: torch.Tensor, tensor: torch.Tensor, size: int, is_root: bool) -> None:
+    """gather_into_tensor: the root's ``output`` holds ``size`` × ``tensor``; elsewhere torch
+    passes an empty placeholder."""
+    if is_root:
+        scaled([tensor], [output], size, "gather_single")
+
+
+def own_piece(output: torch.Tensor, out_rows: list[int], tensor: torch.Tensor, in_rows: list[int], rank: int) -> None:
+    """all_to_all_single: the piece a rank keeps is as large going out as coming in."""
+    out_row = output[0].numel() if output.dim() and len(output) else 1
+    in_row = tensor[0].numel() if tensor.dim() and len(tensor) else 1
+    if out_rows[rank] * out_row != in_rows[rank] * in_row:
+        raise ValueError(
+            f"all_to_all_single: rank {rank} keeps {in_rows[rank] * in_row} elements of its input "
+            f"but its output has room for {out_rows[rank] * out_row} there"
+        )
+
+
 def split_even(tensor: torch.Tensor, parts: int) -> list[torch.Tensor]:
     """``tensor`` flattened into ``parts`` views (all empty when it is)."""
     flat = tensor.view(-1)
@@ -198,17 +251,10 @@ def describe(
     reduction: Reduction | None = None,
     tag: int | None = None,
     dtype: torch.dtype | None = None,
-    unshown: Sequence[torch.Tensor] = (),
 ) -> str:
-    """E.g. ``all_reduce SUM float32[1000]`` or ``broadcast root=2 int64[3, 4]``.
-
-    Every operation describes its tensors before it is queued, so this is also where tensors
-    that cannot travel are refused, the same way on every rank: those described, and
-    ``unshown``, the operation's other tensors (outputs a gather fills, the pieces of an
-    all_to_all, whose shapes may differ from rank to rank and so stay out of the text).
-    """
-    for tensor in (*tensors, *unshown):
-        check_stageable(tensor)
+    """E.g. ``all_reduce SUM float32[1000]`` or ``broadcast root=2 int64[3, 4]``: what every rank
+    must agree on (the outputs a gather fills, the pieces of an all_to_all, whose shapes may
+    differ from rank to rank, stay out of it)."""
     words = [name]
     if reduction is not None:
         words.append(str(reduction))
@@ -244,6 +290,14 @@ def reduction_of(reduce_op: Any, tensors: Sequence[torch.Tensor]) -> Reduction:
 
 
 # ---- staging -------------------------------------------------------------------------------
+
+
+def check_travel(*groups: Iterable[torch.Tensor]) -> None:
+    """Every tensor of an operation (its inputs and outputs) can travel: run for every operation
+    before it is queued, so a bad one fails its caller and leaves the group usable."""
+    for tensors in groups:
+        for tensor in tensors:
+            check_stageable(tensor)
 
 
 def check_stageable(tensor: torch.Tensor) -> None:

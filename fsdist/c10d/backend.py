@@ -10,7 +10,8 @@ copied back.
 One class with one method per c10d ProcessGroup entry point reads as a single table from
 torch's call to fsdist's algorithm. What is not that table lives beside it: call forms, checks,
 descriptions and staging in arguments.py, where each collective runs in placement.py, Work
-objects and threads in work.py, the group's generation in store_rendezvous.py.
+objects and threads in work.py, sends and receives in point_to_point.py, the group's
+generation in store_rendezvous.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -26,21 +26,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..defaults import BACKEND_NAME, DEFAULT_TIMEOUT, DEVICES, REDUCE_THREADS
+from ..defaults import BACKEND_NAME, DEFAULT_TIMEOUT, DEVICES
 from ..errors import FsdistError
-from ..files.waiting import Deadline
 from ..job.liveness import Heartbeat
-from ..transport.p2p import Mailbox, PendingReceive
 from . import arguments as args
-from . import compat, profiling
+from . import compat
 from .arguments import Staging, bytes_moved, describe, reduction_of
 from .debug import OpLog
-from .intraop import limited
-from .monitored import TAG as MONITORED_TAG
-from .monitored import monitored_barrier
 from .placement import group_collectives
-from .receives import ReceiveLoop, StagedWork
-from .sparse import all_reduce_sparse
+from .point_to_point import PointToPoint
+from .sparse import sparse_work
 from .store_rendezvous import GroupSite, group_site
 from .work import FsdistWork, OpQueue
 
@@ -52,12 +47,6 @@ Tensors = Sequence[torch.Tensor]
 #: an operation's arguments to its algorithm (beside the transport), from its staged tensors
 Arguments = Callable[[Staging], tuple[Any, ...]]
 _UNTIMED = contextlib.nullcontext()  # an operation's timing when debug records are off (debug.py)
-
-
-def _profile(work: FsdistWork, description: str, tensors: Sequence[torch.Tensor], op: str = "") -> None:
-    """Open ``work``'s torch.profiler event where a profiler records on this thread (profiling.py)."""
-    if compat.profiler_enabled():
-        profiling.profile(work, description, tensors, op)
 
 
 @compat.answer_older_method_names  # c10d's older names for the same calls (torch <= 2.12, C++ callers)
@@ -78,8 +67,10 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self._group_name = group_id
         self._group_desc = ""
         self._collectives = group_collectives(site, rank, timeout.total_seconds())
-        self._p2p = self._collectives.flat.pairs  # point-to-point messages always go flat
         self._ops = OpLog(generation.rank, group_id)
+        self._p2p = PointToPoint(  # point-to-point messages always go flat
+            self._collectives.flat.pairs, f"g{group_id}-r{rank}", timeout.total_seconds(), self._ops, self._broke
+        )
         self._heartbeat = (
             Heartbeat(generation.heartbeat_path(generation.rank), generation.direct) if owns_generation else None
         )
@@ -88,8 +79,6 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._queue = OpQueue(f"g{group_id}-r{rank}", on_error=self._broke)
-        self._receives: ReceiveLoop | None = None
-        self._monitored_calls = 0  # monitored_barrier calls so far (their tokens carry the count)
         self._closed = False
 
     # ---- identity c10d asks for -----------------------------------------------------------
@@ -143,6 +132,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         made from its staged tensors. ``inputs`` (beside ``outputs``) count in debug records."""
         if self._closed:
             raise FsdistError(f"rank {self.rank()}: '{description}' called on a process group that was shut down")
+        args.check_travel(inputs, outputs)
         with self._seq_lock:
             self._seq += 1
             seq = self._seq
@@ -168,7 +158,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                     raise FsdistError(f"rank {self.rank()}, operation #{seq} '{description}': {exc}") from exc
 
         work = FsdistWork(outputs, description)
-        _profile(work, description, inputs or outputs)  # (what it sends, else what it receives)
+        work.profile(inputs or outputs)  # (what it sends, else what it receives)
         return self._queue.submit(work, execute, nbytes)
 
     def _broke(self, error: BaseException) -> None:
@@ -188,17 +178,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     def allreduce(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
         tensors, opts = args.allreduce(tensors, opts)
         if any(x.is_sparse for x in tensors):  # three dense all_gathers, waited for here (sparse.py)
-            work = FsdistWork(list(tensors), "all_reduce sparse")
-            _profile(work, work.description, [])
-            try:
-                all_reduce_sparse(
-                    tensors, opts.reduceOp.op, self.size(), lambda outs, x: self.allgather([outs], [x]).wait()
-                )
-            except BaseException as error:
-                work.complete(error)  # (ends its profiler event)
-                raise
-            work.complete()
-            return work
+            gather = lambda outs, x: self.allgather([outs], [x]).wait()  # noqa: E731
+            return sparse_work(tensors, opts.reduceOp.op, self.size(), gather)
         return self._allreduce(tensors, opts, "all_reduce")
 
     def allreduce_coalesced(self, tensors: Tensors, opts: Any = None) -> FsdistWork:
@@ -227,8 +208,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return self._all_gather("all_gather", [[out] for out in outputs], [tensor], list(outputs))
 
     def allgather_coalesced(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
-        if len(output_lists) != self.size():
-            raise ValueError(f"all_gather_coalesced needs {self.size()} output lists, got {len(output_lists)}")
+        args.one_per_rank(output_lists, self.size(), "all_gather_coalesced", "output lists")
         for outputs in output_lists:
             for out, tensor in zip(outputs, inputs, strict=True):
                 args.same(out, tensor, "all_gather_coalesced")
@@ -241,7 +221,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         def arguments(s: Staging) -> tuple[Any, ...]:
             return [[s.output(o) for o in outs] for outs in by_rank], [s.input(x) for x in inputs]
 
-        return self._submit(describe(name, inputs, unshown=flat), flat, "all_gather", arguments, inputs)
+        return self._submit(describe(name, inputs), flat, "all_gather", arguments, inputs)
 
     def all_gather_single(self, output: torch.Tensor, tensor: torch.Tensor, opts: Any = None) -> FsdistWork:
         return self.all_gather_single_coalesced([output], [tensor], opts, name="all_gather_into_tensor")
@@ -249,9 +229,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     def all_gather_single_coalesced(
         self, outputs: Tensors, inputs: Tensors, opts: Any = None, name: str = "all_gather_into_tensor_coalesced"
     ) -> FsdistWork:
-        for out, tensor in zip(outputs, inputs, strict=True):
-            if out.numel() != tensor.numel() * self.size() or out.dtype != tensor.dtype:
-                raise ValueError(f"{name}: output must hold {self.size()} × input ({tensor.numel()} {tensor.dtype})")
+        args.scaled(inputs, outputs, self.size(), name)
 
         def arguments(s: Staging) -> tuple[Any, ...]:
             chunks = [s.output(out).view(-1).chunk(self.size()) if out.numel() else None for out in outputs]
@@ -262,19 +240,18 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             ]
             return by_rank, [s.input(x) for x in inputs]
 
-        return self._submit(describe(name, inputs, unshown=outputs), list(outputs), "all_gather", arguments, inputs)
+        return self._submit(describe(name, inputs), list(outputs), "all_gather", arguments, inputs)
 
     def gather(self, output_lists: Sequence[Tensors], inputs: Tensors, opts: Any = None) -> FsdistWork:
         output_lists, inputs, opts = args.gather(output_lists, inputs, opts)
         root = args.root(opts.rootRank, self.size())
         (tensor,) = args.exactly_one(inputs, "gather")
         outputs: Tensors = []
+        args.no_list_off_root(output_lists, self.rank() == root, "gather", "output")
         if self.rank() == root:
             (outputs,) = args.exactly_one(output_lists, "gather outputs")
             args.same_list(outputs, tensor, self.size(), "gather")
-        elif output_lists and any(output_lists):
-            raise ValueError("gather: only the root may pass output tensors")
-        desc = describe("gather", inputs, root=root, unshown=outputs)
+        desc = describe("gather", inputs, root=root)
         return self._submit(
             desc, list(outputs), "gather", lambda s: ([s.output(o) for o in outputs], s.input(tensor), root), [tensor]
         )
@@ -285,8 +262,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         opts = args.options(opts, dist.GatherOptions)
         root = args.root(opts.rootRank, self.size())
         is_root = self.rank() == root
-        if is_root and (output.numel() != tensor.numel() * self.size() or output.dtype != tensor.dtype):
-            raise ValueError(f"gather_single: output must hold {self.size()} × input ({tensor.numel()} {tensor.dtype})")
+        args.gather_single(output, tensor, self.size(), is_root)
 
         def arguments(s: Staging) -> tuple[Any, ...]:
             outputs: list[torch.Tensor] = []
@@ -296,7 +272,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
                 outputs = [tensor.new_empty(tensor.shape) for _ in range(self.size())]
             return outputs, s.input(tensor), root
 
-        desc = describe("gather", [tensor], root=root, unshown=[output] if is_root else [])  # the list form's
+        desc = describe("gather", [tensor], root=root)  # the list form's
         return self._submit(desc, [output] if is_root else [], "gather", arguments, [tensor])
 
     def scatter(self, outputs: Tensors, input_lists: Sequence[Tensors], opts: Any = None) -> FsdistWork:
@@ -304,12 +280,11 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         root = args.root(opts.rootRank, self.size())
         (output,) = args.exactly_one(outputs, "scatter")
         inputs: Tensors = []
+        args.no_list_off_root(input_lists, self.rank() == root, "scatter", "input")
         if self.rank() == root:
             (inputs,) = args.exactly_one(input_lists, "scatter inputs")
             args.same_list(inputs, output, self.size(), "scatter")
-        elif input_lists and any(input_lists):
-            raise ValueError("scatter: only the root may pass input tensors")
-        desc = describe("scatter", outputs, root=root, unshown=inputs)
+        desc = describe("scatter", outputs, root=root)
         return self._submit(
             desc, [output], "scatter", lambda s: (s.output(output), [s.input(x) for x in inputs], root), inputs
         )
@@ -320,7 +295,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         (output,) = args.exactly_one(outputs, "reduce_scatter")
         (inputs,) = args.exactly_one(input_lists, "reduce_scatter inputs")
         args.same_list(inputs, output, self.size(), "reduce_scatter")
-        desc = describe("reduce_scatter", outputs, reduction=reduction, unshown=inputs)
+        desc = describe("reduce_scatter", outputs, reduction=reduction)
         return self._submit(
             desc, [output], "reduce_scatter",
             lambda s: ([s.output(output)], [[s.input(x) for x in inputs]], reduction), inputs,
@@ -334,9 +309,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
     ) -> FsdistWork:
         opts = args.options(opts, dist.ReduceScatterOptions)
         reduction = reduction_of(opts.reduceOp, outputs)
-        for out, tensor in zip(outputs, inputs, strict=True):
-            if tensor.numel() != out.numel() * self.size() or out.dtype != tensor.dtype:
-                raise ValueError(f"{name}: input must hold {self.size()} × output ({out.numel()} {out.dtype})")
+        args.scaled(outputs, inputs, self.size(), name)
 
         def arguments(s: Staging) -> tuple[Any, ...]:
             pieces = [
@@ -345,13 +318,15 @@ class ProcessGroupFsdist(dist.ProcessGroup):
             ]
             return [s.output(o) for o in outputs], pieces, reduction
 
-        desc = describe(name, outputs, reduction=reduction, unshown=inputs)
+        desc = describe(name, outputs, reduction=reduction)
         return self._submit(desc, list(outputs), "reduce_scatter", arguments, inputs)
 
     def alltoall(self, outputs: Tensors, inputs: Tensors, opts: Any = None) -> FsdistWork:
-        if len(outputs) != self.size() or len(inputs) != self.size():
-            raise ValueError(f"all_to_all needs {self.size()} input and output tensors")
-        desc = describe("all_to_all", [], dtype=inputs[0].dtype, unshown=[*inputs, *outputs])
+        args.one_per_rank(inputs, self.size(), "all_to_all", "input tensors")
+        args.one_per_rank(outputs, self.size(), "all_to_all", "output tensors")
+        args.one_dtype([*inputs, *outputs], "all_to_all")
+        args.same(outputs[self.rank()], inputs[self.rank()], "all_to_all's own piece")
+        desc = describe("all_to_all", [], dtype=inputs[0].dtype)
         return self._submit(
             desc, list(outputs), "all_to_all", lambda s: ([s.output(o) for o in outputs], [s.input(x) for x in inputs]),
             inputs,
@@ -361,87 +336,41 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self, output: torch.Tensor, tensor: torch.Tensor, output_splits: list[int], input_splits: list[int],
         opts: Any = None,
     ) -> FsdistWork:  # fmt: skip
+        args.one_dtype([output, tensor], "all_to_all_single")
         out_splits = args.splits(output, output_splits, self.size(), "output")
         in_splits = args.splits(tensor, input_splits, self.size(), "input")
+        args.own_piece(output, out_splits, tensor, in_splits, self.rank())
 
         def arguments(s: Staging) -> tuple[Any, ...]:
             outs = list(s.output(output).split(out_splits)) if output.dim() else [s.output(output)]
             ins = list(s.input(tensor).split(in_splits)) if tensor.dim() else [s.input(tensor)]
             return outs, ins
 
-        desc = describe("all_to_all_single", [], dtype=tensor.dtype, unshown=[output, tensor])
+        desc = describe("all_to_all_single", [], dtype=tensor.dtype)
         return self._submit(desc, [output], "all_to_all", arguments, [tensor])
 
     def barrier(self, opts: Any = None) -> FsdistWork:
         return self._submit("barrier", [], "barrier", lambda s: ())
 
-    # ---- point to point -------------------------------------------------------------------
+    # ---- point to point (point_to_point.py) ---------------------------------------------
 
     def send(self, tensors: Tensors, dst: int, tag: int) -> FsdistWork:
-        """Buffered: publish the message now (in the caller's thread) and return a finished Work."""
-        args.peer(dst, "send to", self.rank(), self.size())
-        desc = describe("send", tensors, tag=tag)
-        staging = Staging()
-        hosts = [staging.input(x) for x in tensors]
-        work = FsdistWork(list(tensors), desc)
-        _profile(work, desc, tensors)
-        try:  # its copy into a file runs as the worker's would (intraop.py)
-            timed = self._ops.timed(None, f"{desc} to {dst}", bytes_moved(tensors)) if self._ops.on else _UNTIMED
-            with timed, limited(REDUCE_THREADS):
-                self._p2p.send(dst, hosts, tag, desc)
-        except BaseException as error:  # noqa: BLE001
-            work.complete(error)
-        else:
-            work.complete()
-        return work
+        return self._p2p.send(tensors, dst, tag)
 
     def recv(self, tensors: Tensors, src: int, tag: int) -> FsdistWork:
-        args.peer(src, "receive from", self.rank(), self.size())
-        return self._post_receive(tensors, src, tag)
+        return self._p2p.receive(tensors, src, tag)
 
     def recv_anysource(self, tensors: Tensors, tag: int) -> FsdistWork:
-        return self._post_receive(tensors, None, tag)
-
-    def _post_receive(self, tensors: Tensors, src: int | None, tag: int, seconds: float | None = None) -> FsdistWork:
-        """Post a receive; it fails after ``seconds`` (default: the group's timeout)."""
-        with self._seq_lock:
-            if self._closed:
-                raise FsdistError(f"rank {self.rank()}: recv called on a process group that was shut down")
-            if self._receives is None:
-                name = f"g{self._group_name}-r{self.rank()}"
-                self._receives = ReceiveLoop(name, Mailbox(self._p2p), self._p2p, self._broke)
-        staging = Staging()
-        hosts = [staging.output(x) for x in tensors]
-        work = StagedWork(list(tensors), describe("recv", tensors, tag=tag), staging)
-        _profile(work, work.description, tensors, "recv" if src is not None else "recvAnySource")  # (Gloo's)
-        if self._ops.on:
-            start, nbytes = time.perf_counter(), bytes_moved(tensors)
-
-            def report(error: BaseException | None, source: int | None) -> None:
-                what = f"{work.description} from {source if source is not None else src}"
-                error_text = f"{type(error).__name__}: {error}" if error else ""
-                self._ops.record(None, what, nbytes, time.perf_counter() - start, error_text)
-
-            work.on_complete = report
-        limit = self._timeout.total_seconds() if seconds is None else seconds
-        receive = PendingReceive(src, tag, hosts, Deadline(limit))
-        return self._receives.post(work, receive)
+        return self._p2p.receive(tensors, None, tag)
 
     def monitored_barrier(self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
-        """Gloo's monitored barrier (monitored.py): rank 0 names the ranks that did not arrive
-        within ``timeout`` (default: the group's). ``fsdist.monitored_barrier`` calls this."""
+        """Gloo's monitored barrier: rank 0 names the ranks that did not arrive within ``timeout``
+        (default: the group's). ``fsdist.monitored_barrier`` calls this."""
         if timeout is None:
             seconds = self._timeout.total_seconds()
         else:
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        with self._seq_lock:
-            self._monitored_calls += 1
-            call = self._monitored_calls
-        monitored_barrier(
-            self.rank(), self.size(), call, seconds, wait_all_ranks,
-            lambda token, peer: self.send([token], peer, MONITORED_TAG).wait(),
-            lambda token, peer, left: self._post_receive([token], peer, MONITORED_TAG, left),
-        )  # fmt: skip
+        self._p2p.monitored_barrier(seconds, wait_all_ranks)
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -452,8 +381,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         with self._seq_lock:
             self._closed = True
         self._queue.close()
-        if self._receives is not None:
-            self._receives.close()
+        self._p2p.close()
         self._collectives.close()
         if self._heartbeat is not None:
             self._heartbeat.stop()

@@ -15,10 +15,26 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_sparse"]
+from .work import FsdistWork
+
+__all__ = ["all_reduce_sparse", "sparse_work"]
 
 #: all_gather(outputs, input) over the group, waited for: the adapter's own method.
 Gather = Callable[[list[torch.Tensor], torch.Tensor], object]
+
+
+def sparse_work(tensors: Sequence[torch.Tensor], op: Any, world: int, gather: Gather) -> FsdistWork:
+    """``all_reduce_sparse`` as one operation's finished Work (its profiler event spanning the
+    three all_gathers); an error is raised, and ends the event too."""
+    work = FsdistWork(list(tensors), "all_reduce sparse")
+    work.profile([])
+    try:
+        all_reduce_sparse(tensors, op, world, gather)
+    except BaseException as error:
+        work.complete(error)
+        raise
+    work.complete()
+    return work
 
 
 def all_reduce_sparse(tensors: Sequence[torch.Tensor], op: Any, world: int, gather: Gather) -> None:

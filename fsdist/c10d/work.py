@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from ..defaults import HANDOFF_SECONDS, INLINE_RUN_BYTES, REDUCE_THREADS
 from ..errors import FsdistTimeoutError, GroupBrokenError
-from . import profiling
+from . import compat, profiling
 from .intraop import SERIAL_BYTES, limit_this_thread, limited
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,12 @@ class FsdistWork(dist.Work):
         self.ran_on = ""
         #: its torch.profiler event, when one records it (profiling.py)
         self.event: profiling.Event | None = None
+
+    def profile(self, tensors: Sequence[torch.Tensor], op: str = "") -> None:
+        """Open this operation's torch.profiler event where a profiler records on this thread
+        (profiling.py: ``op``, the event's name, defaults to the description's first word)."""
+        if compat.profiler_enabled():
+            profiling.profile(self, self.description, tensors, op)
 
     def complete(self, error: BaseException | None = None, source: int | None = None) -> None:
         """Record the outcome (the first call wins) and complete the future.

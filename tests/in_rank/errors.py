@@ -121,3 +121,65 @@ def reduce_ops_disagree() -> str:
     """Rank 0 asks for MAX where the others ask for SUM (same tensor): every rank must say so."""
     op = dist.ReduceOp.MAX if dist.get_rank() == 0 else dist.ReduceOp.SUM
     return error_text(lambda: dist.all_reduce(torch.ones(5), op=op))
+
+
+def _calls_with(bad: torch.Tensor, good: torch.Tensor) -> dict[str, object]:
+    """Every op once, ``bad`` where one of its tensors goes (the rest like ``good``)."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    peer = (rank + 1) % world
+
+    def many(tensor: torch.Tensor) -> list[torch.Tensor]:
+        return [tensor.clone() if not tensor.is_meta else tensor for _ in range(world)]
+
+    def big(tensor: torch.Tensor) -> torch.Tensor:  # world × its size, of its kind
+        if tensor.is_meta:
+            return torch.empty(tensor.numel() * world, device="meta")
+        if tensor.layout != torch.strided:
+            return tensor.to_dense().repeat(world).to_sparse()
+        return tensor.repeat(world)
+
+    return {
+        "broadcast": lambda: dist.broadcast(bad, src=0),
+        "all_reduce": lambda: dist.all_reduce(bad, op=dist.ReduceOp.MAX),
+        "reduce": lambda: dist.reduce(bad, dst=0, op=dist.ReduceOp.MAX),
+        "all_gather": lambda: dist.all_gather(many(good), bad),
+        "all_gather outputs": lambda: dist.all_gather(many(bad), good),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(big(bad), good),
+        "gather": lambda: dist.gather(bad, many(good) if rank == 0 else None, dst=0),
+        "scatter": lambda: dist.scatter(bad, many(good) if rank == 0 else None, src=0),
+        "reduce_scatter": lambda: dist.reduce_scatter(good, many(bad)),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(good, big(bad)),
+        "all_to_all": lambda: dist.all_to_all(many(good), many(bad)),
+        "all_to_all_single": lambda: dist.all_to_all_single(big(good), big(bad)),
+        "send": lambda: dist.send(bad, peer) if rank == 0 else None,  # (rank 0 alone: nothing is sent)
+        "recv": lambda: dist.recv(bad, peer) if rank == 0 else None,
+    }
+
+
+def a_bad_tensor_in_every_op(kind: str) -> dict[str, str]:
+    """Each op with one bad tensor (``kind``: a meta tensor, a sparse one, a dtype that does not
+    fit the op or its partner tensors) on every rank: what the call raised, and whether the
+    all_reduce right after it gave the right sum (the group still usable)."""
+    good = torch.ones(4)
+    bad = {
+        "meta": torch.ones(4, device="meta"),
+        "sparse": torch.ones(4).to_sparse(),
+        "dtype": torch.ones(4, dtype=torch.complex64),  # MAX has no order on it; partners are float32
+    }[kind]
+    said: dict[str, str] = {}
+    calls = _calls_with(bad, good)
+    if kind == "dtype":  # any dtype travels where nothing else constrains it (broadcast, send,
+        # recv), what only the root can judge is a desync (gather, scatter), and torch sends a
+        # complex all_to_all piece as its real view: int64 pieces among float32 ones there
+        ints = _calls_with(torch.ones(4, dtype=torch.int64), good)
+        calls = {
+            name: ints[name] if name.startswith("all_to_all") else call
+            for name, call in calls.items()
+            if name not in ("broadcast", "send", "recv", "gather", "scatter")
+        }
+    for name, call in calls.items():
+        text = error_text(call)
+        after = torch.ones(2)
+        next_op = error_text(lambda: dist.all_reduce(after))
+        said[name] = f"{text} | then all_reduce: {next_op} {after.tolist()}"
+    return said
