@@ -113,6 +113,10 @@ class FsdistWork(dist.Work):
             if self._completed:
                 return
             self._completed = True
+            # nothing is left to run in the caller: and the hook (its queue's entry, which holds
+            # this Work) would keep both alive in a cycle until the cyclic GC runs, whose
+            # passes cost every small operation dearly
+            self.run_here = None
             self._error = error
             if source is not None:
                 self._source = source
