@@ -44,7 +44,7 @@ class _Failed:
 
 class _Latch:
     """A one-shot event on a bare lock, held until ``set``: every operation makes one, and
-    ``threading.Event`` builds a Condition for it (~3 µs, a few % of a small all_reduce)."""
+    ``threading.Event`` builds a Condition for it."""
 
     __slots__ = ("_held", "_set")
 
@@ -95,8 +95,7 @@ class FsdistWork(dist.Work):
         self.event: profiling.Event | None = None
 
     def profile(self, tensors: Sequence[torch.Tensor], op: str = "") -> None:
-        """Open this operation's torch.profiler event where a profiler records on this thread
-        (profiling.py: ``op``, the event's name, defaults to the description's first word)."""
+        """Open its torch.profiler event where a profiler records on this thread (profiling.py)."""
         if compat.profiler_enabled():
             profiling.profile(self, self.description, tensors, op)
 
@@ -166,8 +165,7 @@ class FsdistWork(dist.Work):
     def source_rank(self) -> int:
         return self._source
 
-    def _source_rank(self) -> int:
-        return self._source
+    _source_rank = source_rank  # (c10d's older name)
 
     def get_future(self) -> torch.futures.Future[Any]:
         with self._lock:
@@ -182,17 +180,16 @@ class FsdistWork(dist.Work):
         self.wait()
 
 
-_COMPLETIONS: ThreadPoolExecutor | None = None
+_COMPLETIONS: list[ThreadPoolExecutor] = []  # made at first use
 _COMPLETIONS_LOCK = threading.Lock()
 
 
 def _completions() -> ThreadPoolExecutor:
     """Threads that complete futures: several, so a callback may wait on a later operation."""
-    global _COMPLETIONS
     with _COMPLETIONS_LOCK:
-        if _COMPLETIONS is None:
-            _COMPLETIONS = ThreadPoolExecutor(max_workers=8, thread_name_prefix="fsdist-complete")
-        return _COMPLETIONS
+        if not _COMPLETIONS:
+            _COMPLETIONS.append(ThreadPoolExecutor(max_workers=8, thread_name_prefix="fsdist-complete"))
+        return _COMPLETIONS[0]
 
 
 def _unwrap(future: torch.futures.Future[Any]) -> Any:
@@ -202,18 +199,6 @@ def _unwrap(future: torch.futures.Future[Any]) -> Any:
     return value
 
 
-# ---- when the worker (and the receive loop: receives.py) takes what callers did not run ------
-#
-# A caller that waits for its own small operation or receive runs it in its own thread (a
-# hand-off to a thread and back costs two wake-ups: docs/design.md says what they cost), so the
-# helper thread is not woken when something is queued. Instead, while things keep coming,
-# it looks now and then (every ``handoff`` seconds, backing off to MAX_TICK_SECONDS while its
-# looks find that the callers did it all) for one that nobody took within ``handoff`` of being
-# queued (an async operation nobody has waited for yet, an ``irecv`` tested with
-# ``is_completed()``), and takes it; after IDLE_AFTER_SECONDS with nothing queued it sleeps until
-# woken. The queues keep what they run, and when each may be taken, in entries of their own: a
-# Work keeps only its outcome.
-
 IDLE_AFTER_SECONDS = 0.1  # the helper stops looking for what nobody took after this long without a submission
 #: While its looks find nothing to do, the helper looks half as often, down to this: an async
 #: small operation its caller never waits for then starts within 10 ms (within 1 ms again once
@@ -222,7 +207,13 @@ MAX_TICK_SECONDS = 10e-3
 
 
 class Turns:
-    """The helper thread's schedule; every method but ``__init__`` runs with ``cond``'s lock held."""
+    """When a helper thread (OpQueue's worker, receives.ReceiveLoop's) takes what callers did
+    not run themselves: a caller runs its own small operation or receive (a hand-off costs two
+    wake-ups: docs/design.md), so a submission does not wake the helper; while things keep
+    coming it looks every ``handoff`` seconds (backing off to MAX_TICK_SECONDS while callers
+    took everything) for one nobody took within ``handoff``, and sleeps once idle. The queues
+    keep their own entries: a Work keeps only its outcome. Every method but ``__init__`` runs
+    with ``cond``'s lock held."""
 
     def __init__(self, cond: threading.Condition, handoff: float) -> None:
         self.handoff = handoff
@@ -268,12 +259,9 @@ class _Op:
     __slots__ = ("caller_may_run", "claim_after", "claimed", "nbytes", "run", "work")
 
     def __init__(self, work: FsdistWork, run: Callable[[], None], nbytes: int, claim_after: float, small: bool) -> None:
-        self.work = work
         self.run: Callable[[], None] | None = run
-        self.nbytes = nbytes
-        self.claim_after = claim_after
-        self.caller_may_run = small
-        self.claimed = False
+        self.work, self.nbytes, self.claim_after = work, nbytes, claim_after
+        self.caller_may_run, self.claimed = small, False
 
 
 class OpQueue:
@@ -397,8 +385,12 @@ class OpQueue:
 
     def _run(self) -> None:
         limit_this_thread(REDUCE_THREADS)  # this thread only (intraop.py)
-        while (op := self._next_for_worker()) is not None:
+        while True:
+            op = self._next_for_worker()
+            if op is None:
+                return
             self._execute(op)
+            del op  # not held while the worker waits for the next: its tensors go with its Work
 
     def close(self) -> None:
         """Finish queued operations, then stop the thread."""
