@@ -70,7 +70,7 @@ SPIN_SECONDS = 50e-6
 WAKE_SPIN_SECONDS = 300e-6
 FIRST_SLEEP_SECONDS = 20e-6
 MAX_SLEEP_SECONDS = 2e-3
-#: A look at a peer on another client (files/waiting.py ``Pacing``): how many recent waits the
+#: A look at a peer on another client (files/pacing.py ``Pacing``): how many recent waits the
 #: guess of when the peer arrives comes from (their median: one late arrival, a slow first
 #: operation, moves it little); the weight of each wait in the first-look hit rate, below which
 #: the first look is skipped, and every how many such waits one looks at half the guess first

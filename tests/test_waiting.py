@@ -1,4 +1,4 @@
-"""Looks at a peer on another client (files/waiting.py ``Pacing``), on a virtual clock.
+"""Looks at a peer on another client (files/pacing.py ``Pacing``), on a virtual clock.
 
 Each look is a READ on NFS, so what matters is how many looks a wait makes and how late after
 the peer's arrival it ends. A virtual clock makes both exact: a look takes LOOK seconds, a
@@ -11,8 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from fsdist.files import pacing as pacing_module
 from fsdist.files import waiting
-from fsdist.files.waiting import Deadline, Pacing, poll
+from fsdist.files.pacing import REMOTE_LOOKS, Pacing
+from fsdist.files.waiting import Deadline, poll
 
 LOOK = 1e-3  # a look's round trip
 
@@ -31,7 +33,8 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     fake = Clock()
-    monkeypatch.setattr(waiting, "time", SimpleNamespace(monotonic=fake.monotonic, sleep=fake.sleep))
+    for module in (waiting, pacing_module):
+        monkeypatch.setattr(module, "time", SimpleNamespace(monotonic=fake.monotonic, sleep=fake.sleep))
     return fake
 
 
@@ -87,7 +90,7 @@ def test_a_long_wait_looks_at_a_bounded_rate(clock: Clock) -> None:
     looks in the first tenth of a second (pauses of a round trip or two), ~30 after."""
     [(looks, late)] = _waits(clock, Pacing(), [10.0])
     assert looks <= 90, looks
-    assert late <= 10.0 * waiting.LONG_WAIT_FRACTION + LOOK
+    assert late <= 10.0 * pacing_module.LONG_WAIT_FRACTION + LOOK
 
 
 def test_a_look_the_caller_made_counts_as_the_first(clock: Clock) -> None:
@@ -106,10 +109,10 @@ def test_a_look_the_caller_made_counts_as_the_first(clock: Clock) -> None:
 
 
 def test_looks_are_counted_for_the_reports(clock: Clock) -> None:
-    before = (waiting.REMOTE_LOOKS.looks, waiting.REMOTE_LOOKS.waits)
+    before = (REMOTE_LOOKS.looks, REMOTE_LOOKS.waits)
     waits = _waits(clock, Pacing(), [0.0, 3e-3, 0.0])
-    assert waiting.REMOTE_LOOKS.waits - before[1] == 3
-    assert waiting.REMOTE_LOOKS.looks - before[0] == sum(n for n, _ in waits)
+    assert REMOTE_LOOKS.waits - before[1] == 3
+    assert REMOTE_LOOKS.looks - before[0] == sum(n for n, _ in waits)
 
 
 def test_one_late_arrival_does_not_make_the_next_waits_late(clock: Clock) -> None:
@@ -119,5 +122,5 @@ def test_one_late_arrival_does_not_make_the_next_waits_late(clock: Clock) -> Non
     _waits(clock, pacing, [20e-3] * 50)
     [(_, late_once)] = _waits(clock, pacing, [5.0])
     after = _waits(clock, pacing, [20e-3] * 20)
-    assert late_once <= 5.0 * waiting.LONG_WAIT_FRACTION + LOOK
+    assert late_once <= 5.0 * pacing_module.LONG_WAIT_FRACTION + LOOK
     assert max(late for _, late in after) <= 0.1 * 20e-3 + 5 * LOOK, after

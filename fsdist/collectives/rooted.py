@@ -9,7 +9,7 @@ accesses in all, where recursive doubling makes 4 per rank per round (16 at 4 ra
 0 reads its peers one after another), which is why large groups use doubling (doubling.py).
 Across clients (NFS from several hosts, no two-tier split) every record access is a round trip
 to the server and no doorbell wakes a waiter: the others look for rank 0's result when they
-learned it tends to come (files/waiting.py ``Pacing``), so a rank other than 0 costs one WRITE
+learned it tends to come (files/pacing.py ``Pacing``), so a rank other than 0 costs one WRITE
 and a READ or two where doubling costs log2 N of each; barriers there go through rank 0 too
 (``barrier_rooted``). On one client barriers keep doubling from DOUBLING_MIN_RANKS: with no
 message to handle, its rounds were quicker there. The measurements: docs/algorithms.md.

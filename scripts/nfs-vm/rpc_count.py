@@ -11,7 +11,7 @@ all_gathers, whose bytes through the server count too (mountstats' "bytes:" line
 ``tiers`` (guest.sh sets FSDIST_NODE_ID per mount, so each mount's ranks are one node): the
 small ops and a 16 MiB all_reduce only. Each reading's delta is printed as ``RPC {json}``;
 mountstats.py makes the tables. Each rank also prints its looks at peers on the other client
-per op (files/waiting.py ``REMOTE_LOOKS``: each a READ).
+per op (files/pacing.py ``REMOTE_LOOKS``: each a READ).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 import fsdist  # noqa: F401
-from fsdist.files.waiting import REMOTE_LOOKS
+from fsdist.files.pacing import REMOTE_LOOKS
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mountstats
