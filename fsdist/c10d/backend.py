@@ -364,13 +364,8 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         return self._p2p.receive(tensors, None, tag)
 
     def monitored_barrier(self, timeout: timedelta | float | None = None, wait_all_ranks: bool = False) -> None:
-        """Gloo's monitored barrier: rank 0 names the ranks that did not arrive within ``timeout``
-        (default: the group's). ``fsdist.monitored_barrier`` calls this."""
-        if timeout is None:
-            seconds = self._timeout.total_seconds()
-        else:
-            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
-        self._p2p.monitored_barrier(seconds, wait_all_ranks)
+        """Gloo's monitored barrier (``fsdist.monitored_barrier`` calls this)."""
+        self._p2p.monitored_barrier(timeout, wait_all_ranks)
 
     # ---- lifecycle ------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 
 import torch
 
@@ -104,9 +105,13 @@ class PointToPoint:
         limit = self._timeout if seconds is None else seconds
         return receives.post(work, PendingReceive(src, tag, hosts, Deadline(limit)))
 
-    def monitored_barrier(self, seconds: float, wait_all_ranks: bool) -> None:
+    def monitored_barrier(self, timeout: timedelta | float | None, wait_all_ranks: bool) -> None:
         """Gloo's monitored barrier (monitored.py): rank 0 names the ranks that did not arrive
-        within ``seconds``."""
+        within ``timeout`` (seconds or a timedelta; None: the group's timeout)."""
+        if timeout is None:
+            seconds = self._timeout
+        else:
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
         with self._lock:
             self._monitored_calls += 1
             call = self._monitored_calls
