@@ -25,11 +25,13 @@ import torch
 from memory_store import MemoryStore, every_rank_as_a_thread
 
 import fsdist.files.direct as direct
+import fsdist.files.locks as locks
 from fsdist.errors import FsdistError, ProtocolError
 from fsdist.files.counters import OwnCounter
 from fsdist.files.direct import DirectRecord, io_setting
-from fsdist.files.locks import LockedRecord
+from fsdist.files.locks import LockedRecord, OptimisticRecord
 from fsdist.fs.mounts import find_mount
+from fsdist.job.io_choice import Choice
 from fsdist.protocol import state_record
 from fsdist.transport.group import GroupTransport
 from fsdist.transport.locality import Locality
@@ -53,7 +55,7 @@ def shm():
 
 
 def _pair(directory: str) -> tuple[Progress, Progress]:
-    make = lambda rank: Progress(directory, rank, 2, AliveWatch(), 5.0, direct=True)  # noqa: E731
+    make = lambda rank: Progress(directory, rank, 2, AliveWatch(), 5.0, record_kind=DirectRecord)  # noqa: E731
     return make(0), make(1)
 
 
@@ -81,9 +83,12 @@ def test_direct_records_need_a_filesystem_that_takes_unaligned_direct_io(tmp_pat
         io_setting()
     monkeypatch.setenv("FSDIST_IO", "auto")  # auto: direct only where the job chose it (job/io_choice.py)
     assert not Locality.of(shm, one_client=True).direct
-    assert Locality.of(shm, one_client=False, chosen=True).direct
-    monkeypatch.setenv("FSDIST_IO", "locked")
-    assert not Locality.of(shm, one_client=False, chosen=True).direct
+    chosen, not_chosen = Choice(True, "measured"), Choice(False, "FSDIST_IO=locked")
+    assert Locality.of(shm, one_client=False, records=chosen).record_kind is DirectRecord
+    assert Locality.of(shm, one_client=False, records=not_chosen).record_kind is LockedRecord
+    assert Locality.of(shm, one_client=True).record_kind is OptimisticRecord  # (one machine: tmpfs)
+    monkeypatch.setenv("FSDIST_IO", "direct")  # a node's own tier (no job choice): the setting alone
+    assert Locality.of(shm, one_client=True).record_kind is DirectRecord
 
 
 def test_a_direct_record_takes_no_lock_and_refuses_a_compare_and_set(shm) -> None:
@@ -118,7 +123,7 @@ def test_point_to_point_counters_torn_by_a_send_are_read_again(shm, torn_reads) 
 
 
 def test_a_record_damaged_for_good_is_refused_after_the_torn_read_bound(shm, monkeypatch) -> None:
-    monkeypatch.setattr(direct, "TORN_READ_SECONDS", 0.05)
+    monkeypatch.setattr(locks, "TORN_READ_SECONDS", 0.05)
     reader, writer = _pair(shm)
     publish_inline(writer, 1, 1, 3.0)
     with open(os.path.join(shm, "state.r1"), "r+b") as record:

@@ -260,15 +260,13 @@ def test_one_node_id_on_two_machines_is_refused_on_every_rank(monkeypatch) -> No
         def set(self, key: str, value: str) -> None: ...
 
         def get(self, key: str) -> bytes:
-            return b"hier FSDIST_IO=auto"
+            return b"hier"
 
     for rank in range(4):
         with pytest.raises(ValueError, match=r"ranks 0, 1 of this group count as one node .* FSDIST_NODE_ID"):
             two_tiers(Store(), generation, range(4), rank, SimpleNamespace(directory="/nonexistent/k.0.0"), 10.0)  # type: ignore[arg-type]
-    # FSDIST_IO set unlike rank 0's: refused at creation, naming both settings (a locked reader
-    # of a direct writer's record could read it torn)
-    monkeypatch.setenv("FSDIST_IO", "direct")
-    with pytest.raises(
-        ValueError, match=r"as 'hier FSDIST_IO=direct' .*rank 0 as 'hier FSDIST_IO=auto'.*FSDIST_IO alike"
-    ):
+    # FSDIST_ALGO set unlike rank 0's: refused at creation, naming both (FSDIST_IO is checked
+    # once for the job: test_direct.py's test_forced_records_are_not_measured_and_must_be_set_alike)
+    monkeypatch.setenv("FSDIST_ALGO", "flat")
+    with pytest.raises(ValueError, match=r"as 'flat' \(FSDIST_ALGO=flat\), rank 0 as 'hier'.*FSDIST_ALGO alike"):
         two_tiers(Store(), generation, range(4), 2, SimpleNamespace(directory="/nonexistent/k.0.0"), 10.0)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ import torch
 from fsdist.errors import FsdistError, ProtocolError
 from fsdist.files.direct import DirectRecord
 from fsdist.files.io import publish
-from fsdist.files.locks import LockedRecord
+from fsdist.files.locks import LockedRecord, OptimisticRecord
 from fsdist.files.mapped import MappedFiles
 from fsdist.files.seal import seal
 from fsdist.protocol import layout, message, state_record
@@ -39,7 +39,8 @@ def _one_client(tmp_path, rank: int, size: int) -> GroupTransport:
 
 
 def _pair(tmp_path, optimistic: bool = True) -> tuple[Progress, Progress]:
-    make = lambda rank: Progress(str(tmp_path), rank, 2, AliveWatch(), 5.0, optimistic=optimistic)  # noqa: E731
+    kind = OptimisticRecord if optimistic else LockedRecord
+    make = lambda rank: Progress(str(tmp_path), rank, 2, AliveWatch(), 5.0, record_kind=kind)  # noqa: E731
     return make(0), make(1)
 
 
@@ -71,7 +72,8 @@ def torn(request, tmp_path, monkeypatch):
     else:
         directory = str(tmp_path)
     queued, _ = queue_reads(monkeypatch, *((DirectRecord, "read") if direct else (LockedRecord, "read_unlocked")))
-    make = lambda rank: Progress(directory, rank, 2, AliveWatch(), 5.0, optimistic=True, direct=direct)  # noqa: E731
+    kind = DirectRecord if direct else OptimisticRecord
+    make = lambda rank: Progress(directory, rank, 2, AliveWatch(), 5.0, record_kind=kind)  # noqa: E731
     return directory, make(0), make(1), queued
 
 

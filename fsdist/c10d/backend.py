@@ -28,7 +28,6 @@ import torch.distributed as dist
 
 from ..defaults import BACKEND_NAME, DEFAULT_TIMEOUT, DEVICES
 from ..errors import FsdistError
-from ..job.liveness import Heartbeat
 from . import arguments as args
 from . import compat
 from .arguments import Staging, bytes_moved, describe, reduction_of
@@ -71,9 +70,7 @@ class ProcessGroupFsdist(dist.ProcessGroup):
         self._p2p = PointToPoint(  # point-to-point messages always go flat
             self._collectives.flat.pairs, f"g{group_id}-r{rank}", timeout.total_seconds(), self._ops, self._broke
         )
-        self._heartbeat = (
-            Heartbeat(generation.heartbeat_path(generation.rank), generation.direct) if owns_generation else None
-        )
+        self._heartbeat = generation.heartbeat() if owns_generation else None
         if owns_generation:
             generation.use()  # (released at shutdown)
         self._seq = 0

@@ -15,8 +15,7 @@ from collections.abc import Callable, Sequence
 
 from .. import collectives as coll
 from ..collectives import hierarchical as hier
-from ..defaults import ENV_ALGO, ENV_IO, ENV_LOCAL_DIR, ENV_NODE_ID, local_dir
-from ..files.direct import io_setting
+from ..defaults import ENV_ALGO, ENV_LOCAL_DIR, ENV_NODE_ID, local_dir
 from ..files.places import node_directory
 from ..job.generation import Generation
 from ..job.liveness import PeerWatch
@@ -77,10 +76,9 @@ def group_collectives(site: GroupSite, rank: int, timeout: float) -> Collectives
     """The transports of the group at ``site`` (this rank being ``rank`` of it) in its folder,
     and where its collectives run."""
     generation, global_ranks = site.generation, site.global_ranks
-    members = [generation.members[g] for g in global_ranks]
-    watch = PeerWatch(members, [generation.heartbeat_path(g) for g in global_ranks], direct=generation.direct)
-    one_client = len({member.client for member in members}) == 1
-    locality = Locality.of(site.directory, one_client, chosen=generation.direct)
+    one_client = len({generation.members[g].client for g in global_ranks}) == 1
+    locality = Locality.of(site.directory, one_client, generation.records)
+    watch = generation.peer_watch(global_ranks)
     flat = GroupTransport(site.directory, rank, len(global_ranks), watch, timeout, locality=locality)
     return Collectives(flat, two_tiers(site.store, generation, global_ranks, rank, flat, timeout))
 
@@ -93,8 +91,8 @@ def two_tiers(
 
     Every rank must decide alike, or some would wait in tiers that others never enter: the
     decision is made from the node ids every rank read from the same rendezvous record, and
-    FSDIST_ALGO (which could differ) is checked against rank 0's through the store, with
-    FSDIST_IO (a locked reader of a direct writer's record could read it torn).
+    FSDIST_ALGO (which could differ) is checked against rank 0's through the store (FSDIST_IO
+    was, at the job's first group: Generation.settle).
     """
     algo = os.environ.get(ENV_ALGO, "auto")
     if algo not in ("auto", "flat", "hier"):
@@ -103,13 +101,13 @@ def two_tiers(
     use = algo == "hier" or (algo == "auto" and nodes.tiers_help())
     directory = flat.directory
     key = layout.GROUP_ALGO_KEY + os.path.basename(directory)
-    mine = f"{'hier' if use else 'flat'} {ENV_IO}={io_setting()}"  # records' I/O too: all direct, or none
+    mine = "hier" if use else "flat"
     if rank == 0:
         store.set(key, mine)
     elif (decided := store.get(key).decode()) != mine:
         raise ValueError(
             f"rank {rank}: this rank would run the group's collectives as '{mine}' ({ENV_ALGO}={algo}), "
-            f"rank 0 as '{decided}': set {ENV_ALGO} and {ENV_IO} alike on every rank"
+            f"rank 0 as '{decided}': set {ENV_ALGO} alike on every rank"
         )
     if not use:
         return None
@@ -125,13 +123,9 @@ def two_tiers(
                 )
 
     def watch_of(ranks: Sequence[int]) -> PeerWatch:
-        job_ranks = [global_ranks[r] for r in ranks]
-        return PeerWatch(
-            [generation.members[g] for g in job_ranks], [generation.heartbeat_path(g) for g in job_ranks], ranks,
-            generation.direct,
-        )  # fmt: skip
+        return generation.peer_watch([global_ranks[r] for r in ranks], ranks)
 
     placement = generation.members[global_ranks[rank]].placement
     node_tier = layout.node_group_dir(node_directory(), generation.generation_id, placement, directory)
     leaders_directory = os.path.join(directory, layout.LEADERS_DIR)
-    return NodeTiers(nodes, rank, node_tier, leaders_directory, watch_of, timeout, flat, generation.direct)
+    return NodeTiers(nodes, rank, node_tier, leaders_directory, watch_of, timeout, flat, generation.records)

@@ -15,14 +15,13 @@ import contextlib
 import fcntl
 import os
 import secrets
-import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from ..defaults import ENV_IO, TORN_READ_SECONDS
+from ..defaults import ENV_IO
 from ..errors import FsdistError, ProtocolError
 from .io import open_file, unlink_quietly
-from .locks import RECORD_MAX_BYTES, LockedRecord, OnWait
+from .locks import RECORD_MAX_BYTES, LockedRecord, OnWait, TornReads
 
 T = TypeVar("T")
 
@@ -47,28 +46,29 @@ class DirectRecord(LockedRecord):
     def _lock(self, kind: int) -> None:
         """No lock: one writer, and readers that check what they read."""
 
+    reads_unlocked = True
+    lockless = True
+
     def read_checked(
-        self, offset: int, size: int, parse: Callable[[bytes], T], plausible: Callable[[T], bool] | None = None
-    ) -> tuple[bytes, T]:
-        """``size`` bytes at ``offset`` and what ``parse`` makes of them, read again while its
-        checks (a ProtocolError, or ``plausible`` saying no) find them torn by the writer's write.
-        TORN_READ_SECONDS bound it: past that the bytes are damaged, not torn, and the check's
+        self, offset: int, size: int, parse: Callable[[bytes], T], plausible: Callable[[T], bool] | None = None,
+        locked: bool = False,
+    ) -> tuple[bytes, T, bool]:  # fmt: skip
+        """``size`` bytes at ``offset``, what ``parse`` makes of them, and True (read without a
+        lock: there is none, whatever ``locked`` asks), read again while its checks (a
+        ProtocolError, or ``plausible`` saying no) find them torn by the writer's write, for as
+        long as ``TornReads`` allows: past that the bytes are damaged, not torn, and the check's
         error goes up (an implausible value is returned as read)."""
-        give_up = 0.0
+        torn = TornReads()
         while True:
             raw = self.read(offset, size)
             try:
                 value = parse(raw)
             except ProtocolError:
-                give_up = give_up or time.monotonic() + TORN_READ_SECONDS
-                if time.monotonic() >= give_up:
+                if torn.past():
                     raise
                 continue
-            if plausible is None or plausible(value):
-                return raw, value
-            give_up = give_up or time.monotonic() + TORN_READ_SECONDS
-            if time.monotonic() >= give_up:
-                return raw, value
+            if plausible is None or plausible(value) or torn.past():
+                return raw, value, True
 
     @staticmethod
     def refusal(directory: str) -> str | None:

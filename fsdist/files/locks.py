@@ -25,14 +25,18 @@ import os
 import secrets
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
-from ..defaults import LOCK_TIMEOUT_SECONDS
-from ..errors import FsdistTimeoutError
+from ..defaults import LOCK_TIMEOUT_SECONDS, TORN_READ_SECONDS
+from ..errors import FsdistTimeoutError, ProtocolError
 from .io import open_file, retried, retrying, unlink_quietly
 from .mountinfo import mount_of_descriptor
 from .trust import size_checked
 from .waiting import LOCKING, Deadline, poll
+
+T = TypeVar("T")
 
 _OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
 FLOCK = struct.Struct("hhqqi4x")  # struct flock on Linux: type, whence, start, len, pid (0 for OFD)
@@ -54,8 +58,8 @@ RECORD_MAX_BYTES = 1 << 20
 _HELD_DESCRIPTOR_COHERENT_FUSE = frozenset({"fuse.glusterfs", "fuse.ceph-fuse", "fuse.ceph"})
 
 __all__ = [
-    "EXCLUSIVE", "RECORD_MAX_BYTES", "SHARED", "UNLOCK", "LockedRecord", "OnWait", "lock", "lock_kind_in_use",
-    "read_locked", "try_lock", "unlock",
+    "EXCLUSIVE", "RECORD_MAX_BYTES", "SHARED", "UNLOCK", "LockedRecord", "OnWait", "OptimisticRecord", "TornReads",
+    "lock", "lock_kind_in_use", "read_locked", "try_lock", "unlock",
 ]  # fmt: skip
 
 
@@ -189,7 +193,18 @@ def _needs_fresh_descriptors(fd: int, mountinfo: str = "/proc/self/mountinfo") -
 
 
 class LockedRecord:
-    """A file whose reads and writes happen under an fcntl lock on a descriptor kept open."""
+    """A file whose reads and writes happen under an fcntl lock on a descriptor kept open.
+
+    Its kind is one of three, chosen for a group by transport/locality.py: this one, read under
+    the lock; ``OptimisticRecord``, read without it first; direct.py's ``DirectRecord``, with no
+    lock at all. Readers of a peer's record call ``read_checked``, whatever the kind."""
+
+    #: reads may skip the lock (a torn one is found by the format's checks, ``read_checked``)
+    reads_unlocked = False
+    #: no lock at all (direct.py): nothing orders a read after the writer's whole write, so a
+    #: read may show one part of it and not yet the next (a header, not its slot) and must look
+    #: again until both are there
+    lockless = False
 
     def __init__(
         self, path: str, create: bool = True, on_wait: OnWait | None = None, max_size: int = RECORD_MAX_BYTES
@@ -232,6 +247,16 @@ class LockedRecord:
                 return self._read_unlocked(offset, size)
             finally:
                 self._release()
+
+    def read_checked(
+        self, offset: int, size: int, parse: Callable[[bytes], T], plausible: Callable[[T], bool] | None = None,
+        locked: bool = False,
+    ) -> tuple[bytes, T, bool]:  # fmt: skip
+        """``size`` bytes at ``offset`` (short where never written), what ``parse`` makes of them,
+        and whether they were read without the lock (here never: the lock excludes the writer,
+        so ``parse``'s checks and ``plausible`` can only find them damaged)."""
+        raw = self.read(offset, size)
+        return raw, parse(raw), False
 
     def read_unlocked(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset`` with no lock: possibly torn by a concurrent write.
@@ -352,3 +377,47 @@ class LockedRecord:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class TornReads:
+    """How long reads of one thing have failed their checks without the lock: a read torn by
+    the writer's write for TORN_READ_SECONDS at most, past that damaged. The one rule of every
+    read that may meet a write (``DirectRecord.read_checked``, and the readers that read a
+    slot apart from the header it follows: transport/progress.py, transport/pairs.py)."""
+
+    __slots__ = ("_since",)
+
+    def __init__(self) -> None:
+        self._since = 0.0
+
+    def past(self) -> bool:
+        """Called on a failed check: whether reads have failed too long to be torn (the caller
+        then raises, or takes what it read); the first call starts the clock."""
+        now = time.monotonic()
+        self._since = self._since or now
+        return now - self._since >= TORN_READ_SECONDS
+
+
+class OptimisticRecord(LockedRecord):
+    """A locked record read without the lock first: where every process shares one page cache
+    (one machine's own filesystem), a write is seen at once and the lock only costs time."""
+
+    reads_unlocked = True
+
+    def read_checked(
+        self, offset: int, size: int, parse: Callable[[bytes], T], plausible: Callable[[T], bool] | None = None,
+        locked: bool = False,
+    ) -> tuple[bytes, T, bool]:  # fmt: skip
+        """As ``LockedRecord.read_checked``, read without the lock first (unless ``locked``): a
+        read torn by the writer's write fails a checksum in ``parse`` (ProtocolError), or gives
+        what ``plausible`` refuses, and is read again under the lock, which a writer always takes."""
+        if not locked:
+            raw = self.read_unlocked(offset, size)
+            try:
+                value = parse(raw)
+            except ProtocolError:
+                pass  # torn
+            else:
+                if plausible is None or plausible(value):
+                    return raw, value, True
+        return super().read_checked(offset, size, parse, plausible)

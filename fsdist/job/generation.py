@@ -11,7 +11,7 @@ import atexit
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import FsdistError
@@ -20,7 +20,7 @@ from ..protocol import layout, rendezvous_record
 from ..protocol.rendezvous_record import parse
 from .clean import remove_node_tiers
 from .io_choice import Choice, KeyValue, choose_records
-from .liveness import Identity
+from .liveness import Heartbeat, Identity, PeerWatch
 from .lock_check import check_locks
 
 log = logging.getLogger(__name__)
@@ -119,6 +119,16 @@ class Generation:
 
     def heartbeat_path(self, rank: int) -> str:
         return layout.heartbeat_file(self.directory, rank)
+
+    def heartbeat(self) -> Heartbeat:
+        """This rank's heartbeat, beaten as the job's records are written (``records``)."""
+        return Heartbeat(self.heartbeat_path(self.rank), self.direct)
+
+    def peer_watch(self, job_ranks: Sequence[int], names: Sequence[int] | None = None) -> PeerWatch:
+        """A watch over these ranks of the job (named ``names`` in errors), their heartbeats read
+        as they are written."""
+        members = [self.members[g] for g in job_ranks]
+        return PeerWatch(members, [self.heartbeat_path(g) for g in job_ranks], names, self.direct)
 
     def remove_root(self) -> None:
         """Remove a root made for this job alone, once its record is empty and closed (and the

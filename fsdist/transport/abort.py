@@ -5,16 +5,15 @@ A rank that aborts also sets FLAG_ABORTED in its state record, and so does every
 fails on seeing it: the flag spreads along every pair of ranks that read each other's records,
 so a rank that read a peer's record since it last asked has heard of an abort already and
 need not read this file (``known``); one that reads no records (a broadcast root, a sender
-only) reads it. In a group with direct records it is looked at with a direct read first (one
-READ on NFS, where the locked read is LOCK, GETATTR, READ, UNLOCK): empty, nobody aborted; only
-a written one (or one being written) is read under the lock, as the writer writes it.
+only) reads it. In a group whose records take no lock it is looked at as they are read first
+(one READ on NFS, where the locked read is LOCK, GETATTR, READ, UNLOCK): empty, nobody aborted;
+only a written one (or one being written) is read under the lock, as the writer writes it.
 """
 
 from __future__ import annotations
 
 import os
 
-from ..files.direct import DirectRecord
 from ..files.locks import LockedRecord
 from ..protocol import layout
 from ..protocol.sealed import seal_text, unseal_text
@@ -25,11 +24,13 @@ __all__ = ["AbortRecord"]
 class AbortRecord:
     """The group's abort record (sealed text: protocol/sealed.py)."""
 
-    def __init__(self, directory: str, direct: bool = False) -> None:
-        self._record = LockedRecord(os.path.join(directory, layout.ABORT_FILE))
+    def __init__(self, directory: str, record_kind: type[LockedRecord] = LockedRecord) -> None:
+        """``record_kind``: the group's records' (Locality.record_kind)."""
+        self._record = LockedRecord(os.path.join(directory, layout.ABORT_FILE))  # (changed by any rank: locked)
         self._identity = layout.identity(self._record.path)
-        #: the same file read with O_DIRECT and no lock, to see that it is empty (direct groups)
-        self._glance = DirectRecord(self._record.path, create=False) if direct else None
+        #: where the group's records take no lock, the same file read as they are (no lock), to
+        #: see that it is empty: a look costs a READ, not LOCK, GETATTR, READ and UNLOCK
+        self._glance = record_kind(self._record.path, create=False) if record_kind.lockless else None
         #: whether a peer's record was read since ``known`` last asked
         self.records_read = False
 

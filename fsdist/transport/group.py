@@ -51,9 +51,7 @@ class GroupTransport:
         self.rank = rank
         self.size = size
         self.timeout = timeout
-        self.progress = Progress(
-            directory, rank, size, watch, timeout, names, tier, self.locality.optimistic, self.locality.direct
-        )
+        self.progress = Progress(directory, rank, size, watch, timeout, names, tier, self.locality.record_kind)
         self._entered = 0
         self.outbox = Outbox(self.progress, self.locality.reuse_files)
         self._mapped = self.outbox.spares.mapped if self.locality.maps_messages else None

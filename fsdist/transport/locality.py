@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from ..defaults import ENV_IO, ENV_REUSE_FILES
 from ..errors import FsdistError
 from ..files.direct import DirectRecord, io_setting
+from ..files.locks import LockedRecord, OptimisticRecord
 from ..fs.mounts import is_local
+from ..job.io_choice import Choice
 
 __all__ = ["Locality"]
 
@@ -35,27 +37,35 @@ class Locality:
     #: state records are read and written with O_DIRECT and no lock (files/direct.py
     #: DirectRecord): FSDIST_IO=direct, where the filesystem takes unaligned direct I/O
     direct: bool = False
-    #: records may be read without the lock first (torn reads retried): one local client, where
-    #: a read costs no server round trip and a write is seen at once, or direct records, which
-    #: have no lock
+    #: the class of the group's records, the one place it is picked: direct ones; else read
+    #: without the lock first (torn reads read again locked) on one local client, where a read
+    #: costs no server round trip and a write is seen at once; else locked
+    record_kind: type[LockedRecord] = field(init=False)
+    #: records may be read without the lock (``record_kind.reads_unlocked``)
     optimistic: bool = field(init=False)
+    #: no lock guards them (``record_kind.lockless``): a read may meet a write halfway, and each
+    #: look at a peer is a round trip to the server, not a lock's revalidation
+    lockless: bool = field(init=False)
     #: a peer's message may be mapped instead of copied (worth it for large parts)
     maps_messages: bool = field(init=False)
 
     def __post_init__(self) -> None:  # plain fields: the hot path reads them without a call
-        object.__setattr__(self, "optimistic", (self.one_client and self.local) or self.direct)
+        kind = DirectRecord if self.direct else OptimisticRecord if self.one_client and self.local else LockedRecord
+        object.__setattr__(self, "record_kind", kind)
+        object.__setattr__(self, "optimistic", kind.reads_unlocked)
+        object.__setattr__(self, "lockless", kind.lockless)
         object.__setattr__(self, "maps_messages", self.reuse_files)
 
     @classmethod
-    def of(cls, directory: str, one_client: bool, chosen: bool = False) -> Locality:
+    def of(cls, directory: str, one_client: bool, records: Choice | None = None) -> Locality:
         """``directory``'s locality; FSDIST_REUSE_FILES=0/1 overrides whether files are reused.
-        Records are direct where FSDIST_IO=direct (wherever the filesystem takes it), or where it
-        is auto and ``chosen`` (the job measured that direct records hold across its clients:
-        job/io_choice.py; a node's own tier is never chosen: one client, no round trips to save)."""
+        Records are direct where the job's ``records`` are (job/io_choice.py: FSDIST_IO=direct, or
+        auto where it measured that direct records hold across its clients); a node's own tier
+        passes none: direct only where FSDIST_IO=direct (one client, no round trips to save)."""
         local = is_local(directory)
         setting = os.environ.get(ENV_REUSE_FILES, "")
         io = io_setting()
-        direct = io == "direct" or (io == "auto" and chosen)
+        direct = records.direct if records is not None else io == "direct"  # (the job's choice read FSDIST_IO)
         probed = directory
         while not os.path.isdir(probed) and os.path.dirname(probed) != probed:
             probed = os.path.dirname(probed)  # (a group's folder is made after this: its parent's filesystem)

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Callable, Sequence
 
 import torch
 
-from ..defaults import INLINE, MAX_UNRECEIVED_SENDS, RING_MESSAGE_MAX, TORN_READ_SECONDS
+from ..defaults import INLINE, MAX_UNRECEIVED_SENDS, RING_MESSAGE_MAX
 from ..errors import ProtocolError
 from ..files.doorbell import Doorbell
+from ..files.locks import TornReads
 from ..files.seal import Seal
 from ..files.waiting import Waiter
 from ..protocol import layout, state_record
@@ -74,7 +74,7 @@ class Pairs:
         # receives are matched on their own thread: a bell of their own, so neither waiter
         # swallows the other's wake-up
         self._bell = Doorbell([layout.p2p_doorbell_file(self.directory, r) for r in range(size)], progress.rank)
-        self._waiter = Waiter(self._bell, size, looks_cost=locality.direct)
+        self._waiter = Waiter(self._bell, size, looks_cost=locality.lockless)
         #: mid-size messages go through ring files where files are reused (local filesystems)
         self._rings_enabled = INLINE and locality.reuse_files
         self._mapped = outbox.spares.mapped if locality.maps_messages else None
@@ -260,18 +260,17 @@ class Pairs:
     def open(self, src: int, index: int) -> Incoming:
         """Message ``index`` from ``src`` (of those ``sent_to_me`` counted): inline, in its ring, or a file.
 
-        A direct record's area may have been read while the send that wrote its counters and the
-        slot in one write was under way: counters that count the message beside a torn or older
-        slot, and no file (a file is published before its counters). It is read again: a torn
-        slot for TORN_READ_SECONDS at most, a missing one until the group's deadline (on NFS the
-        rest of the write may come a request later)."""
+        A lockless record's area may have been read while the send that wrote its counters and
+        the slot in one write was under way: counters that count the message beside a torn or
+        older slot, and no file (a file is published before its counters). It is read again: a
+        torn slot while ``TornReads`` allows, a missing one until the group's deadline (on NFS
+        the rest of the write may come a request later)."""
         progress = self._progress
         where = f"{progress.state_path(src)} (message #{index} to rank {progress.rank})"
         check = self._seal(src, progress.rank, index)
-        torn_since = 0.0
+        torn = TornReads()
 
         def opened() -> Incoming | None:
-            nonlocal torn_since
             try:
                 slot = self._find(src, index)
                 incoming = open_incoming(
@@ -279,12 +278,8 @@ class Pairs:
                     lambda: self._ring_to_read(src), check, self._mapped,
                 )  # fmt: skip
             except (FileNotFoundError, ProtocolError) as exc:
-                if not progress.direct:
-                    raise
-                if isinstance(exc, ProtocolError):  # torn for a moment, or damaged for good
-                    torn_since = torn_since or time.monotonic()
-                    if time.monotonic() - torn_since >= TORN_READ_SECONDS:
-                        raise
+                if not progress.lockless or (isinstance(exc, ProtocolError) and torn.past()):
+                    raise  # (a ProtocolError: torn for a moment, or damaged for good)
                 self._take_area(src, locked=True)  # (a missing slot: the rest of the write may come later)
                 return None
             if slot is not None:

@@ -1,7 +1,7 @@
 """Where every rank of a group is: its own state record, its peers' records, and the waits on them.
 
 Each rank owns one state record (protocol/state_record.py), written only by that rank (under an
-fcntl lock; direct records, none): the operation it is in, the step of it it has reached, the
+fcntl lock, or none: Locality.record_kind): the operation it is in, the step of it it has reached, the
 operation's description and the hash of every description so far. Peers learn that a step (and
 its message) exists by reading that record, never by stat-ing a name that may not exist yet (NFS caches
 the absence of a name for up to a minute). The same reads detect desynchronised calls: a peer
@@ -14,15 +14,12 @@ Every wait ends at the group's deadline, or earlier when the group is aborted or
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ..defaults import TORN_READ_SECONDS
 from ..errors import DesyncError, FsdistTimeoutError, PeerFailedError, ProtocolError
-from ..files.direct import DirectRecord
 from ..files.doorbell import Doorbell
-from ..files.locks import LockedRecord
+from ..files.locks import LockedRecord, TornReads
 from ..files.seal import Seal, sealer
 from ..files.waiting import Deadline, Waiter, poll
 from ..job.liveness import PeerWatch
@@ -41,16 +38,16 @@ class Progress:
 
     def __init__(
         self, directory: str, rank: int, size: int, watch: PeerWatch, timeout: float,
-        names: Sequence[int] | None = None, tier: str = "", optimistic: bool = False, direct: bool = False,
+        names: Sequence[int] | None = None, tier: str = "", record_kind: type[LockedRecord] = LockedRecord,
     ) -> None:  # fmt: skip
         """``names``: each rank's number in the process group, where this is one tier of it
-        (errors name group ranks); ``tier``: which tier, for the same errors. ``optimistic``:
-        read peers' records without their lock first (``peer_state``): only where every rank
-        shares one page cache (a local filesystem on one machine). ``direct``: records are
-        DirectRecords, read and written with no lock at all (Locality.direct)."""
+        (errors name group ranks); ``tier``: which tier, for the same errors. ``record_kind``:
+        the class of the group's records (Locality.record_kind)."""
         self.directory = directory
-        self.optimistic = optimistic or direct
-        self.direct = direct
+        #: peers' records are read without the lock first (``read_peer``)
+        self.optimistic = record_kind.reads_unlocked
+        #: and no lock guards them: a read may show a step before its slot (``inline_message``)
+        self.lockless = record_kind.lockless
         self.rank = rank
         self.size = size
         self.names = list(names) if names is not None else list(range(size))
@@ -66,9 +63,8 @@ class Progress:
         self._sealer = sealer()  # (the settings the group was created with: files/seal.py)
         self.seals = [self._sealer.seal(layout.identity(path)) for path in self._state_paths]
         self._identity = layout.identity(directory)
-        kind = DirectRecord if direct else LockedRecord
-        self._records = [kind(path, on_wait=self._lock_wait(r)) for r, path in enumerate(self._state_paths)]
-        self.aborted = AbortRecord(directory, direct)
+        self._records = [record_kind(path, on_wait=self._lock_wait(r)) for r, path in enumerate(self._state_paths)]
+        self.aborted = AbortRecord(directory, record_kind)
         #: the highest operation each peer was seen in, and the furthest (operation, step) it was
         #: seen at (garbage collection reads them)
         self.peer_seq = [-1] * size
@@ -78,7 +74,7 @@ class Progress:
         self.history = History()
         self.others = [r for r in range(size) if r != rank]
         self.bell = Doorbell([layout.doorbell_file(directory, r) for r in range(size)], rank)
-        self.waiter = Waiter(self.bell, size, looks_cost=direct)
+        self.waiter = Waiter(self.bell, size, looks_cost=record_kind.lockless)
         #: this rank's record as last written: a message goes out with the header in one pwrite
         self._mine = bytearray(state_record.POSITION_SIZE)
         #: entered an operation whose start the record does not show yet (see ``enter``)
@@ -139,7 +135,7 @@ class Progress:
 
         Usually in the record as read by the wait that saw the step; read once more otherwise.
         Read without the lock, None only says *maybe* a file (a torn read can show the step
-        beside an older slot): confirmed by a locked read (direct records: ``_whole_inline``),
+        beside an older slot): confirmed by a locked read (lockless records: ``_whole_inline``),
         unless ``confirm`` is False (the caller looks for the file first, then confirms)."""
         try:
             found = state_record.find_inline(self._seen[peer], self.seq, step)
@@ -147,7 +143,7 @@ class Progress:
             if not self.optimistic:
                 raise
             found = None  # a slot torn by a write while read without the lock: read it locked
-        if found is None and confirm and self.direct:
+        if found is None and confirm and self.lockless:
             return self._whole_inline(peer, step) or None
         if found is None and confirm:
             self.peer_state(peer, locked=True)
@@ -155,20 +151,18 @@ class Progress:
         return found
 
     def _whole_inline(self, peer: int, step: int) -> bytes:
-        """A direct record's slot of ``step``, read until whole (b"": a later step, no slot: a file).
-        A header at this step with no slot (and no file: the caller looked) was read mid-write,
-        whose rest may come a request later (NFS): waited for like a step. A slot failing its
-        CRC is torn for TORN_READ_SECONDS at most, then damaged."""
-        torn_since = 0.0
+        """A lockless record's slot of ``step``, read until whole (b"": a later step, no slot: a
+        file). A header at this step with no slot (and no file: the caller looked) was read
+        mid-write, whose rest may come a request later (NFS): waited for like a step. A slot
+        failing its CRC is torn while ``TornReads`` allows, then damaged."""
+        torn = TornReads()
 
         def whole() -> bytes | None:
-            nonlocal torn_since
             theirs = self.peer_state(peer, locked=True)
             try:
                 found = state_record.find_inline(self._seen[peer], self.seq, step)
             except ProtocolError:
-                torn_since = torn_since or time.monotonic()
-                if time.monotonic() - torn_since >= TORN_READ_SECONDS:
+                if torn.past():
                     raise
                 return None
             return found if found is not None or theirs.position == (self.seq, step) else b""
@@ -208,27 +202,10 @@ class Progress:
         plausible: Callable[[T], bool] | None = None, locked: bool = False,
     ) -> tuple[bytes, T, bool]:  # fmt: skip
         """Bytes of ``rank``'s record (short where it never wrote them), what ``parse`` makes of
-        them, and whether they were read without the lock.
-
-        Optimistic groups read without the lock first (unless ``locked``): a read torn by the
-        peer's write fails a checksum in ``parse`` (ProtocolError), or gives what ``plausible``
-        refuses, and is read again under the lock, which a writer always takes. The one place
-        where record bytes are trusted without the lock: every reader of a peer's record comes here.
-        """
-        record = self._records[rank]
-        if isinstance(record, DirectRecord):  # no lock to read under: read until whole
-            return (*record.read_checked(offset, size, parse, plausible), True)
-        if self.optimistic and not locked:
-            raw = record.read_unlocked(offset, size)
-            try:
-                value = parse(raw)
-            except ProtocolError:
-                pass  # torn
-            else:
-                if plausible is None or plausible(value):
-                    return raw, value, True
-        raw = record.read(offset, size)
-        return raw, parse(raw), False
+        them, and whether they were read without the lock: as the record's kind reads them
+        (``read_checked``: files/locks.py and beside it; ``locked`` where it has a lock to read
+        under). Every reader of a peer's record comes here."""
+        return self._records[rank].read_checked(offset, size, parse, plausible, locked)
 
     # ---- peers --------------------------------------------------------------------------
 

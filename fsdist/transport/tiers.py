@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from ..job.io_choice import Choice
 from ..job.liveness import PeerWatch
 from ..job.nodes import Nodes
 from .group import GroupTransport
@@ -38,11 +39,11 @@ class NodeTiers:
         watch_of: Callable[[Sequence[int]], PeerWatch],
         timeout: float,
         flat: GroupTransport,
-        direct: bool = False,
+        records: Choice | None = None,
     ) -> None:
         """``watch_of(ranks)``: a PeerWatch over those group ranks; ``flat``: the group's own
-        transport, whose point-to-point messages go on beside the tiers; ``direct``: the job chose
-        direct records for its shared directory (the leaders' tier is there)."""
+        transport, whose point-to-point messages go on beside the tiers; ``records``: how the
+        job's records in its shared directory are read and written (the leaders' tier is there)."""
         self.nodes = nodes
         self._flat = flat
         self.rank = rank
@@ -60,7 +61,7 @@ class NodeTiers:
         if len(leaders) > 1 and rank == leaders[node]:
             self.cross = GroupTransport(
                 leaders_directory, node, len(leaders), watch_of(leaders), timeout, leaders, "leaders' tier",
-                Locality.of(leaders_directory, one_client=False, chosen=direct),
+                Locality.of(leaders_directory, one_client=False, records=records),
             )  # fmt: skip
 
     def tiers(self) -> list[GroupTransport]:

@@ -37,6 +37,7 @@ import torch  # noqa: E402
 
 from fsdist.errors import FsdistTimeoutError, ProtocolError  # noqa: E402
 from fsdist.files.counters import OwnCounter  # noqa: E402
+from fsdist.files.direct import DirectRecord  # noqa: E402
 from fsdist.protocol import state_record  # noqa: E402
 from fsdist.transport.incoming import InlineMessage  # noqa: E402
 from fsdist.transport.progress import Progress  # noqa: E402
@@ -48,7 +49,7 @@ _INDEX = struct.Struct("<q")
 
 
 def _progress(directory: str, rank: int) -> Progress:
-    return Progress(directory, rank, 2, AliveWatch(), 5.0, direct=True)
+    return Progress(directory, rank, 2, AliveWatch(), 5.0, record_kind=DirectRecord)
 
 
 def _publishing(directory: str, seconds: float) -> None:
