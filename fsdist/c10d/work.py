@@ -53,8 +53,7 @@ class _Latch:
         self._held.acquire()
         self._set = False
 
-    def set(self) -> None:
-        """Called once (FsdistWork completes once)."""
+    def set(self) -> None:  # (once: FsdistWork completes once)
         self._set = True
         self._held.release()
 
@@ -135,9 +134,10 @@ class FsdistWork(dist.Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         seconds = timeout.total_seconds() if timeout is not None and timeout.total_seconds() > 0 else None
-        if self.run_here is not None and not self._done.is_set():
+        run_here = self.run_here  # (once: completing on another thread clears it)
+        if run_here is not None and not self._done.is_set():
             start = time.monotonic()
-            self.run_here(seconds)
+            run_here(seconds)
             left = None if seconds is None else max(0.0, seconds - (time.monotonic() - start))
         else:
             left = seconds
