@@ -32,7 +32,7 @@ from typing import TypeVar
 from ..defaults import LOCK_TIMEOUT_SECONDS, TORN_READ_SECONDS
 from ..errors import FsdistTimeoutError, ProtocolError
 from .io import open_file, retried, retrying, unlink_quietly
-from .mountinfo import mount_of_descriptor
+from .mountinfo import needs_fresh_descriptors as _needs_fresh_descriptors
 from .trust import size_checked
 from .waiting import LOCKING, Deadline, poll
 
@@ -50,12 +50,6 @@ OnWait = Callable[[float], None]
 #: parts of known size; the rendezvous record may be larger): a larger file is refused before
 #: anything is allocated for it, so a planted sparse file costs nothing.
 RECORD_MAX_BYTES = 1 << 20
-
-#: FUSE filesystems whose records keep the descriptor held open: GlusterFS with its client caches
-#: off and ceph-fuse with its page cache off, measured coherent that way (make test-gluster, make
-#: test-fs FS=cephfs); with those caches on both are refused (fs/fuse_kinds.py), ceph-fuse because
-#: even fresh descriptors read old data from its page cache (98 of 200 increments lost)
-_HELD_DESCRIPTOR_COHERENT_FUSE = frozenset({"fuse.glusterfs", "fuse.ceph-fuse", "fuse.ceph"})
 
 __all__ = [
     "EXCLUSIVE", "RECORD_MAX_BYTES", "SHARED", "UNLOCK", "LockedRecord", "OnWait", "OptimisticRecord", "TornReads",
@@ -173,23 +167,6 @@ def _open_record(path: str, create: bool) -> int:
         finally:
             unlink_quietly(temp)
     raise FileNotFoundError(errno.ENOENT, "record vanished while being opened", path)
-
-
-def _needs_fresh_descriptors(fd: int, mountinfo: str = "/proc/self/mountinfo") -> bool:
-    """Whether a record on ``fd``'s filesystem is read through a fresh descriptor under its lock,
-    and fsynced before each unlock that follows a write.
-
-    On NFS taking a lock revalidates the client's cache and an unlock flushes; a FUSE daemon need
-    do neither, and a descriptor held open is served from a cache. Measured across two mounts, 4
-    processes' lock-guarded increments for 1 s: MooseFS 3.0 (defaults) lost 1 to 109 in most runs
-    through held descriptors, 0 in 22 runs through fresh ones; JuiceFS 1.4 showed another
-    client's rewrite through a held descriptor not within 3 s, through a fresh one after 2.7 ms
-    once the writer had fsynced. It costs an open and a close per read, an fsync per write.
-    """
-    mount = mount_of_descriptor(fd, mountinfo)
-    if mount is None:
-        return False
-    return mount.fstype.split(".", 1)[0] == "fuse" and mount.fstype not in _HELD_DESCRIPTOR_COHERENT_FUSE
 
 
 class LockedRecord:
