@@ -226,3 +226,16 @@ INLINE_RUN_BYTES = 4 << 20
 #: Such an operation that its caller has not waited for after this long (an ``async_op=True``
 #: one) is taken by the worker. The worker is not woken for it, only looks this often.
 HANDOFF_SECONDS = 1e-3
+
+# ---- variables fsdist sets for the processes it starts, and those it reads of others ----------
+
+#: Set by ``fsdist run`` for each rank: the launcher's pid (a rank whose launcher died stops) and
+#: the file a failing rank writes its first error to (cli/run_rank.py).
+ENV_LAUNCHER_PID = "FSDIST_LAUNCHER_PID"
+ENV_ERROR_FILE = "FSDIST_ERROR_FILE"
+#: Set by ``fsdist bench`` for each rank: where it reports each cell as it finishes.
+ENV_BENCH_PROGRESS = "FSDIST_BENCH_PROGRESS"
+#: What SLURM sets for each task (``srun``): fsdist's defaults for ``--nnodes``, ``--node-rank``,
+#: and ``fsdist://``'s rank and world size.
+ENV_SLURM_NNODES, ENV_SLURM_JOB_NUM_NODES, ENV_SLURM_NODEID = "SLURM_NNODES", "SLURM_JOB_NUM_NODES", "SLURM_NODEID"
+ENV_SLURM_PROCID, ENV_SLURM_NTASKS = "SLURM_PROCID", "SLURM_NTASKS"

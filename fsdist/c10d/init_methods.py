@@ -28,7 +28,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ..defaults import DEFAULT_TIMEOUT, ENV_DIR, ENV_ENV_INIT
+from ..defaults import DEFAULT_TIMEOUT, ENV_DIR, ENV_ENV_INIT, ENV_SLURM_NTASKS, ENV_SLURM_PROCID
 from ..errors import RendezvousError
 from ..files.places import adopt_file, resolve_place
 from ..job.generation import Generation, in_use_here
@@ -62,9 +62,9 @@ def parse_url(url: str) -> tuple[str, int, int]:
     root = (parsed.netloc + parsed.path) or os.environ.get(ENV_DIR, "")
     if not root:
         raise RendezvousError(f"no directory in {url!r}: use fsdist:///path/to/dir or set {ENV_DIR}")
-    rank = _first_int(query.get("rank"), os.environ.get("RANK"), os.environ.get("SLURM_PROCID"), what="rank")
+    rank = _first_int(query.get("rank"), os.environ.get("RANK"), os.environ.get(ENV_SLURM_PROCID), what="rank")
     world = _first_int(
-        query.get("world_size"), os.environ.get("WORLD_SIZE"), os.environ.get("SLURM_NTASKS"), what="world size"
+        query.get("world_size"), os.environ.get("WORLD_SIZE"), os.environ.get(ENV_SLURM_NTASKS), what="world size"
     )
     return os.path.abspath(root), rank, world
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from ..defaults import LAUNCH_NOTE_SECONDS
+from ..defaults import ENV_ERROR_FILE, ENV_LAUNCHER_PID, ENV_SLURM_NNODES, ENV_SLURM_NODEID, LAUNCH_NOTE_SECONDS
 from ..errors import FsdistError, RendezvousError
 from ..files.counters import Counter
 from ..files.io import publish, read_file
@@ -146,8 +146,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _launch(args: argparse.Namespace) -> int:
-    nnodes = args.nnodes or int(os.environ.get("SLURM_NNODES", "1"))
-    node_rank = args.node_rank if args.node_rank is not None else int(os.environ.get("SLURM_NODEID", "0"))
+    nnodes = args.nnodes or int(os.environ.get(ENV_SLURM_NNODES, "1"))
+    node_rank = args.node_rank if args.node_rank is not None else int(os.environ.get(ENV_SLURM_NODEID, "0"))
     if not 0 <= node_rank < nnodes:
         where = "--node-rank" if args.node_rank is not None else "$SLURM_NODEID"
         print(
@@ -335,8 +335,7 @@ def _start(
         args.nproc_per_node,
         node_rank,
         directory,
-        FSDIST_ERROR_FILE=error_file,
-        FSDIST_LAUNCHER_PID=str(os.getpid()),
+        **{ENV_ERROR_FILE: error_file, ENV_LAUNCHER_PID: str(os.getpid())},
         **_omp_threads(args.nproc_per_node),
         **elastic,
     )

@@ -19,6 +19,7 @@ import sys
 import time
 import traceback
 
+from ..defaults import ENV_ERROR_FILE, ENV_LAUNCHER_PID
 from ..errors import GroupBrokenError, PeerFailedError
 from ..files.io import publish
 from ..protocol import failure_report
@@ -57,7 +58,7 @@ def _end_with_the_launcher() -> None:
     SIGKILL cannot stop its ranks (each runs in a session of its own), which would train on,
     orphaned, holding the run directory. ``FSDIST_LAUNCHER_PID``: the launcher, which may have
     died before the link was made."""
-    launcher = os.environ.get("FSDIST_LAUNCHER_PID", "")
+    launcher = os.environ.get(ENV_LAUNCHER_PID, "")
     if not launcher.isdigit():
         return
     libc = ctypes.CDLL(None, use_errno=True)
@@ -105,7 +106,7 @@ def _script_traceback(exc: BaseException) -> str:
 def _record(exc: BaseException, consequence: tuple[str, str] | None = None) -> None:
     """Write the report the launcher reads (a consequence under its own kind: the launcher
     reports a root cause before it)."""
-    path = os.environ.get("FSDIST_ERROR_FILE")
+    path = os.environ.get(ENV_ERROR_FILE)
     if not path:
         return
     kind, message = consequence or (type(exc).__name__, str(exc))

@@ -26,7 +26,7 @@ import struct
 import warnings
 import zlib
 
-from ..defaults import ENV_MAC_PAYLOADS, ENV_SECRET_FILE
+from ..defaults import ENV_GROUP, ENV_MAC_PAYLOADS, ENV_SECRET_FILE
 from ..errors import FsdistError, UntrustedPathError
 from .foreign_mounts import check_descriptor_mount
 from .places import resolve_place
@@ -186,7 +186,7 @@ def secret_key() -> bytes | None:
     path = os.environ.get(ENV_SECRET_FILE, "")
     if not path:
         return None
-    cache = (path, os.environ.get("FSDIST_GROUP", ""), os.geteuid())
+    cache = (path, os.environ.get(ENV_GROUP, ""), os.geteuid())
     if _loaded is not None and _loaded[0] == cache:
         return _loaded[1]
     resolved = path

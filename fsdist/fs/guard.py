@@ -16,7 +16,7 @@ import logging
 import os
 from typing import Any
 
-from ..defaults import ENV_ALLOW_UNSAFE_FS, ENV_SECRET_FILE
+from ..defaults import ENV_ALLOW_UNSAFE_FS, ENV_SECRET_FILE, ENV_SLURM_JOB_NUM_NODES, ENV_SLURM_NNODES
 from ..errors import RendezvousError
 from .hazards import cross_client_hazard, local_hazard
 from .mounts import client_key, describe_filesystem, find_mount, is_local
@@ -125,7 +125,7 @@ def refuse_known_multinode(root: str, me: dict[str, Any], world_size: int) -> No
             raise error
         log.warning("fsdist: %s (starting anyway: %s is set)", error, ENV_ALLOW_UNSAFE_FS)
     hazard = me.get("fs_hazard")
-    nodes = int(os.environ.get("SLURM_NNODES", os.environ.get("SLURM_JOB_NUM_NODES", "1")) or 1)
+    nodes = int(os.environ.get(ENV_SLURM_NNODES, os.environ.get(ENV_SLURM_JOB_NUM_NODES, "1")) or 1)
     world, local = os.environ.get("WORLD_SIZE"), os.environ.get("LOCAL_WORLD_SIZE")
     multinode = nodes > 1 or (world is not None and local is not None and int(world) > int(local))
     if hazard and multinode:

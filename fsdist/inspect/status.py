@@ -21,14 +21,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..defaults import ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS
 from ..errors import ProtocolError, RendezvousError
 from ..files.counters import decode_counter
 from ..files.io import read_file
 from ..files.locks import read_locked
 from ..files.places import adopt_run_directory, existing_node_directory
 from ..files.seal import seal
-from ..job.liveness import Identity, is_alive, node_id
+from ..job.liveness import Identity, heartbeat_timeout, is_alive, node_id
 from ..job.nodes import Nodes
 from ..protocol import failure_report, layout, rendezvous_record, state_record
 from ..protocol.sealed import MAX_VALUE_BYTES, SEAL_BYTES, unseal_text, unseal_value
@@ -188,8 +187,7 @@ def _member(gen_dir: str, rank: int, data: dict[str, Any], now: float) -> Member
     elif alive is not None:
         liveness = "alive" if alive else "dead"
     else:
-        limit = float(os.environ.get(ENV_HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_SECONDS))
-        liveness = "unknown" if age is None else "heartbeat" if age <= limit else "stalled"
+        liveness = "unknown" if age is None else "heartbeat" if age <= heartbeat_timeout() else "stalled"
     return MemberStatus(rank, who.host, who.pid, liveness, age, beats)
 
 

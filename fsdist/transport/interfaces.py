@@ -1,7 +1,8 @@
 """What the algorithms above may ask of a group's transport: two narrow, declared interfaces.
 
-As Gloo's algorithms see only ``transport/pair.h``, fsdist's collectives see only a
-``CollectiveChannel`` and its point-to-point matching only a ``PointToPointChannel``. The file
+As Gloo's algorithms see only its ``gloo/transport/pair.h`` (in Gloo's repository), fsdist's
+collectives see only a ``CollectiveChannel`` and its point-to-point matching only a
+``PointToPointChannel``. The file
 transport implements the first in group.py and the second in pairs.py; the tests'
 memory_transport.py implements the first in one process, so every algorithm can be tested in
 milliseconds without a file.

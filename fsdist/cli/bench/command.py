@@ -19,6 +19,7 @@ import tempfile
 import time
 from typing import Any
 
+from ...defaults import ENV_BENCH_PROGRESS
 from ...files.trust import make_private_dir
 from .. import ranks
 from . import report
@@ -160,7 +161,7 @@ def _run_world(plan: Plan, world: int, base: str) -> list[dict[str, Any]]:
         with open(plan_path, "w") as out:
             json.dump(plan.to_json(), out)
         extra = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo"),
-                 "FSDIST_BENCH_PROGRESS": os.path.join(work, "progress")}  # fmt: skip
+                 ENV_BENCH_PROGRESS: os.path.join(work, "progress")}  # fmt: skip
         per_node = world // plan.nodes if plan.nodes else world
         for rank in range(world):  # one node's ranks, as `fsdist run` starts them (or K nodes')
             node = rank // per_node

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...defaults import ENV_ALGO
+from ...defaults import ENV_ALGO, ENV_BENCH_PROGRESS, ENV_LOCAL_DIR
 from . import fscalls
 from .ops import Case, make_case
 from .plan import Plan, iterations
@@ -86,7 +86,7 @@ def run_cells(
         # filesystem calls in a pass of their own, so counting costs the timed calls nothing
         counted = min(its.timed, COUNTED_ITERS)
         dist.barrier(group=groups[backend])
-        with fscalls.counting(os.environ.get("FSDIST_LOCAL_DIR") if plan.nodes else None) as counts:
+        with fscalls.counting(os.environ.get(ENV_LOCAL_DIR) if plan.nodes else None) as counts:
             for _ in range(counted):
                 cases[backend].run()
         results[backend]["fs_calls"] = {kind: n / counted for kind, n in counts.items()}
@@ -116,7 +116,7 @@ def _group_with(**env: str) -> dist.ProcessGroup:
 
 
 def _progress(line: str) -> None:
-    path = os.environ.get("FSDIST_BENCH_PROGRESS")
+    path = os.environ.get(ENV_BENCH_PROGRESS)
     if path:
         with open(path, "a") as out:
             out.write(line + "\n")
